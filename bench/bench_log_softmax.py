@@ -1,0 +1,52 @@
+"""Our log_softmax (exp.loss) against F.log_softmax, forward only, float32, at a minibatch shape (64, 10)
+and a large one (4096, 1000), timed in the same process. Target: ours within 1.5x of torch.
+
+Ours and torch's are timed in alternating blocks (the order flipping every round), so a slow spell of
+the machine hits both alike; each prints the median time per call over the rounds, and the ratio of
+the medians.
+"""
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+from exp.loss import log_softmax
+
+ROUNDS = 31
+BLOCK_S = 0.02  # each timed block runs this long, so a block of the small shape holds ~1,000 calls
+
+
+def report(name: str, value, fmt: str = '.4g') -> None:
+    print(f'{name}: {value:{fmt}}' if isinstance(value, float) else f'{name}: {value}')
+
+
+def per_call(fn, calls: int) -> float:
+    "Seconds per call of `fn` over a block of `calls` calls."
+    t0 = time.perf_counter()
+    for _ in range(calls): fn()
+    return (time.perf_counter() - t0) / calls
+
+
+def median_per_call(*fns) -> list:
+    "Median seconds per call of each of `fns`, timed in interleaved blocks after a warm-up."
+    for fn in fns:
+        for _ in range(3): fn()
+    calls = max(1, round(BLOCK_S / min(per_call(fn, 10) for fn in fns)))
+    times = [[] for _ in fns]
+    for r in range(ROUNDS):
+        order = range(len(fns)) if r % 2 == 0 else reversed(range(len(fns)))
+        for i in order: times[i].append(per_call(fns[i], calls))
+    return [statistics.median(ts) for ts in times]
+
+
+report('torch_threads', torch.get_num_threads())
+report('target_ratio', 1.5)
+for rows, cols in [(64, 10), (4096, 1000)]:
+    x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)) * 3
+    torch.testing.assert_close(log_softmax(x), F.log_softmax(x, -1))  # timing something wrong is pointless
+    ours, theirs = median_per_call(lambda: log_softmax(x), lambda: F.log_softmax(x, -1))
+    name = f'log_softmax_{rows}x{cols}'
+    report(f'{name}_ours_us', ours * 1e6, '.2f')
+    report(f'{name}_torch_us', theirs * 1e6, '.2f')
+    report(f'{name}_ratio', ours / theirs, '.2f')
