@@ -1,0 +1,307 @@
+"""Unit tests for exp.callbacks: the Runner's event protocol, cancellation, state, and AvgStats."""
+import pytest
+import torch
+import torch.nn.functional as F
+from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
+from torch import nn, optim
+
+from exp.callbacks import (EVENTS, AvgStats, AvgStatsCallback, Callback, CancelBatchException, CancelEpochException,
+                           CancelStepException, CancelTrainException, DataBunch, Learner, Runner, TrainEvalCallback,
+                           camel2snake, create_learner, get_model_func)
+from exp.data import set_seed
+from exp.loss import accuracy
+from exp.minibatch import DataLoader, Dataset, Sampler, get_dls
+
+TRAIN = ['begin_batch', 'after_pred', 'after_loss', 'after_backward', 'after_step', 'after_batch']
+VALID = ['begin_batch', 'after_pred', 'after_loss', 'after_batch']
+
+
+def make_data(n_train=8, n_valid=6, bs=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n_train + n_valid, 5, generator=g), torch.randint(0, 3, (n_train + n_valid,), generator=g)
+    train_ds, valid_ds = Dataset(x[:n_train], y[:n_train]), Dataset(x[n_train:], y[n_train:])
+    return DataBunch(DataLoader(train_ds, Sampler(train_ds, bs)), DataLoader(valid_ds, Sampler(valid_ds, bs)), c=3)
+
+
+def make_learner(data=None, seed=0, **kwargs):
+    set_seed(seed)
+    return Learner(data or make_data(), nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3)), lr=0.1, **kwargs)
+
+
+class EventLog(Callback):
+    "Records every event it sees; `raise_at` maps an event (and an occurrence) to an exception to raise."
+    def __init__(self, raise_at=None):
+        self.log, self.raise_at, self.seen = [], raise_at or {}, {}
+
+
+def _handler(event):
+    def handler(self):
+        self.log.append(event)
+        self.seen[event] = self.seen.get(event, 0) + 1
+        exc = self.raise_at.get((event, self.seen[event])) or self.raise_at.get(event)
+        if exc: raise exc()
+    return handler
+
+
+for _event in EVENTS: setattr(EventLog, _event, _handler(_event))
+
+
+def run_log(epochs=1, raise_at=None, data=None):
+    run = Runner(cbs=[EventLog(raise_at)])
+    learn = make_learner(data)
+    return run, learn
+
+
+def fit_log(epochs=1, raise_at=None, data=None):
+    run, learn = run_log(epochs, raise_at, data)
+    run.fit(epochs, learn)
+    return run.event_log.log
+
+
+# ---------------------------------------------------------------- the event protocol
+
+def test_event_sequence():
+    # 8 training items and 6 validation items in batches of 4: 2 training batches, 2 validation batches
+    ft.test_eq(fit_log(2), ['begin_fit'] + 2 * (['begin_epoch'] + 2 * TRAIN + ['begin_validate'] + 2 * VALID
+                                                + ['after_epoch']) + ['after_fit'])
+
+
+def test_zero_epochs():
+    ft.test_eq(fit_log(0), ['begin_fit', 'after_fit'])
+
+
+def test_callbacks_run_in_order():
+    calls = []
+
+    class A(Callback):
+        _order = 5
+        def begin_batch(self): calls.append('a')
+
+    class B(Callback):
+        _order = -3
+        def begin_batch(self): calls.append('b')
+
+    class C(Callback):
+        def begin_batch(self): calls.append('c')
+
+    Runner(cbs=[A(), C()], cb_funcs=[B]).fit(1, make_learner(make_data(4, 4, 4)))
+    ft.test_eq(calls, ['b', 'c', 'a', 'b', 'c', 'a'])  # one train batch, one valid batch
+
+
+# ---------------------------------------------------------------- cancellation
+
+def test_cancel_step_skips_only_the_step():
+    learn = make_learner()
+    before = [p.detach().clone() for p in learn.model.parameters()]
+    run = Runner(cbs=[EventLog({'after_backward': CancelStepException})])
+    run.fit(1, learn)
+    ft.test_eq(run.event_log.log[1:1 + 7], ['begin_epoch', 'begin_batch', 'after_pred', 'after_loss', 'after_backward',
+                                            'after_cancel_step', 'after_batch'])
+    assert 'after_step' not in run.event_log.log
+    for p, q in zip(before, learn.model.parameters()): ft.test_eq(p, q.detach())  # no step ever happened
+    assert all(p.grad is None for p in learn.model.parameters())  # gradients were still cleared
+    ft.test_eq(run.n_iter, 2)  # the batches themselves ran
+
+
+def test_cancel_batch():
+    log = fit_log(1, {('begin_batch', 1): CancelBatchException})
+    ft.test_eq(log[:6], ['begin_fit', 'begin_epoch', 'begin_batch', 'after_cancel_batch', 'after_batch', 'begin_batch'])
+    ft.test_eq(log.count('after_pred'), 3)  # the other 3 batches ran in full
+
+
+def test_cancel_epoch_goes_to_after_epoch_and_the_next_epoch():
+    log = fit_log(2, {('after_loss', 1): CancelEpochException})
+    i = log.index('after_cancel_epoch')
+    ft.test_eq(log[i - 1:i + 3], ['after_loss', 'after_cancel_epoch', 'after_epoch', 'begin_epoch'])
+    ft.test_eq(log.count('begin_validate'), 1)  # the first epoch's validation was skipped
+    ft.test_eq(log[-1], 'after_fit')
+
+
+def test_cancel_epoch_during_validation():
+    log = fit_log(1, {'begin_validate': CancelEpochException})
+    ft.test_eq(log[-5:], ['after_batch', 'begin_validate', 'after_cancel_epoch', 'after_epoch', 'after_fit'])
+
+
+def test_cancel_train():
+    log = fit_log(3, {('after_step', 1): CancelTrainException})
+    ft.test_eq(log, ['begin_fit', 'begin_epoch', 'begin_batch', 'after_pred', 'after_loss', 'after_backward',
+                     'after_step', 'after_cancel_train', 'after_fit'])
+
+
+def test_cancel_train_in_begin_fit():
+    ft.test_eq(fit_log(2, {'begin_fit': CancelTrainException}), ['begin_fit', 'after_cancel_train', 'after_fit'])
+
+
+class Boom(Exception): pass
+
+
+@pytest.mark.parametrize('event', ['begin_fit', 'after_loss', 'begin_validate', 'after_epoch'])
+def test_other_exceptions_propagate_after_after_fit(event):
+    run, learn = run_log(raise_at={event: Boom})
+    with pytest.raises(Boom):
+        run.fit(2, learn)
+    ft.test_eq(run.event_log.log[-2:], [event, 'after_fit'])
+
+
+def test_keyboard_interrupt_runs_after_fit():
+    run, learn = run_log(raise_at={('begin_batch', 2): KeyboardInterrupt})
+    with pytest.raises(KeyboardInterrupt):
+        run.fit(1, learn)
+    ft.test_eq(run.event_log.log[-1], 'after_fit')
+
+
+# ---------------------------------------------------------------- state
+
+def test_callbacks_read_and_change_runner_state():
+    seen = {}
+
+    class Scale(Callback):
+        def begin_batch(self):
+            seen.setdefault('xb', self.xb.clone())
+            self.run.xb = self.xb * 0  # a callback replaces the input
+        def after_pred(self): seen.setdefault('pred', self.pred)
+        def after_loss(self):
+            if self.in_train: self.run.loss = self.loss * 0  # and the loss: no gradient, no change
+        def after_fit(self): seen.update(model=self.model, opt=self.opt, data=self.data, epochs=self.epochs)
+
+    learn = make_learner()
+    before = [p.detach().clone() for p in learn.model.parameters()]
+    Runner(cbs=[Scale()]).fit(2, learn)
+    # with zero inputs the first layer's weights get zero gradient; with a zero loss nothing moves at all
+    for p, q in zip(before, learn.model.parameters()): ft.test_eq(p, q.detach())
+    # the prediction is that of a zero input: the replaced xb is what the model saw
+    ft.test_close(seen['pred'][0], learn.model(torch.zeros(1, 5))[0].detach())
+    assert seen['model'] is learn.model and seen['opt'] is learn.opt and seen['data'] is learn.data
+    ft.test_eq(seen['epochs'], 2)
+
+
+def test_train_eval_counters():
+    progress = []
+
+    class Watch(Callback):
+        _order = 1
+        def after_batch(self): progress.append((self.in_train, self.model.training, self.n_epochs, self.n_iter))
+
+    run = Runner(cbs=[Watch()])
+    run.fit(2, make_learner())
+    ft.test_eq(progress, [(True, True, 0.5, 1), (True, True, 1.0, 2), (False, False, 1.0, 2), (False, False, 1.0, 2),
+                          (True, True, 1.5, 3), (True, True, 2.0, 4), (False, False, 2.0, 4), (False, False, 2.0, 4)])
+
+
+def test_validation_runs_without_grad():
+    grads = []
+
+    class Watch(Callback):
+        def after_pred(self): grads.append((self.in_train, torch.is_grad_enabled()))
+
+    Runner(cbs=[Watch()]).fit(1, make_learner())
+    ft.test_eq(grads, [(True, True), (True, True), (False, False), (False, False)])
+
+
+# ---------------------------------------------------------------- names, typos, learner callbacks
+
+def test_names():
+    ft.test_eq(camel2snake('AvgStatsCallback'), 'avg_stats_callback')
+    ft.test_eq(camel2snake('LRFinder'), 'lr_finder')
+    ft.test_eq(AvgStatsCallback().name, 'avg_stats')
+    ft.test_eq(TrainEvalCallback().name, 'train_eval')
+    ft.test_eq(Callback().name, 'callback')
+    run = Runner(cbs=[EventLog()], cb_funcs=AvgStatsCallback)
+    assert isinstance(run.train_eval, TrainEvalCallback) and isinstance(run.event_log, EventLog)
+    assert isinstance(run.avg_stats, AvgStatsCallback)
+
+
+@pytest.mark.parametrize('typo, hint', [('begin_epcoh', "did you mean 'begin_epoch'"), ('after_bacth', "did you mean 'after_batch'"),
+                                        ('afterfit', "did you mean 'after_fit'"), ('begin_training', 'events are: begin_fit')])
+def test_misspelt_events_are_reported(typo, hint):
+    bad = type('Bad', (Callback,), {typo: lambda self: None})
+    with pytest.raises(ValueError, match=f'Bad.{typo} looks like an event but is not one') as info:
+        Runner(cbs=[bad()])
+    assert hint in str(info.value)
+    learn = make_learner(cbs=[bad()])
+    with pytest.raises(ValueError, match=typo): Runner().fit(1, learn)
+
+
+def test_callback_name_clash():
+    class Model(Callback): pass
+    with pytest.raises(ValueError, match="cannot be named 'model'"): Runner(cbs=[Model()])
+    with pytest.raises(TypeError, match='Callback instances'): Runner(cbs=[object()])
+
+
+def test_learner_cbs_and_metrics_join_the_fit(capsys):
+    log = EventLog()
+    learn = make_learner(cbs=[log], metrics=[accuracy])
+    run = Runner()
+    run.fit(1, learn)
+    assert run.event_log is log and log.log[0] == 'begin_fit'
+    assert isinstance(run.avg_stats, AvgStatsCallback)
+    out = capsys.readouterr().out.splitlines()
+    ft.test_eq(out[0].split(), ['epoch', 'train_loss', 'train_accuracy', 'valid_loss', 'valid_accuracy', 'time'])
+    ft.test_eq(len(out), 2)
+    run.fit(1, learn)  # a second fit does not add them twice
+    ft.test_eq(len(run.cbs), 3)
+
+
+def test_learner_checks_and_builds_its_optimizer():
+    learn = make_learner()
+    assert isinstance(learn.opt, optim.SGD) and learn.opt is learn.opt
+    ft.test_eq(learn.opt.param_groups[0]['lr'], 0.1)
+    with pytest.raises(TypeError, match='model must be an nn.Module'): Learner(make_data(), lambda x: x)
+    with pytest.raises(ValueError, match='lr must be > 0, got 0'): Learner(make_data(), nn.Linear(5, 3), lr=0)
+    with pytest.raises(ValueError, match='epochs must be an int >= 0, got -2'): Runner().fit(-2, learn)
+
+
+def test_create_learner():
+    data = make_data()
+    learn = create_learner(get_model_func(0.3), F.cross_entropy, data)
+    ft.test_eq(learn.opt.param_groups[0]['lr'], 0.3)
+    ft.test_eq(learn.model(torch.zeros(2, 5)).shape, (2, 3))
+
+
+# ---------------------------------------------------------------- AvgStats
+
+def test_avg_stats_weighted_by_batch_size(capsys):
+    data = make_data(n_train=8, n_valid=6, bs=4)  # valid batches of 4 and 2
+    learn = make_learner(data, metrics=[accuracy])
+    run = Runner()
+    run.fit(1, learn)
+    learn.model.eval()
+    with torch.no_grad():
+        pred = learn.model(data.valid_ds.x)
+    loss, acc = run.avg_stats.valid_stats.avg_stats
+    ft.test_close(loss, F.cross_entropy(pred, data.valid_ds.y).item(), eps=1e-6)
+    ft.test_close(acc, accuracy(pred, data.valid_ds.y).item(), eps=1e-6)
+    ft.test_eq(run.avg_stats.valid_stats.count, 6)
+    row = run.avg_stats.history[0]
+    ft.test_eq(row['valid_loss'], loss)
+    ft.test_eq(row['epoch'], 0)
+
+
+def test_avg_stats_silent():
+    cb = AvgStatsCallback([accuracy], print_stats=False)
+    Runner(cbs=[cb]).fit(1, make_learner())
+    ft.test_eq(len(cb.history), 1)
+    assert all(v != v for v in AvgStats([accuracy], True).avg_stats)  # nan before any batch
+
+
+# ---------------------------------------------------------------- the Runner is the hand-written loop
+
+def test_runner_same_weights_as_hand_written_loop():
+    set_seed(0)
+    x, y = torch.randn(300, 20), torch.randint(0, 4, (300,))
+    train_ds, valid_ds = Dataset(x[:200], y[:200]), Dataset(x[200:], y[200:])
+    models = []
+    for _ in range(2):
+        set_seed(5)
+        models.append(nn.Sequential(nn.Linear(20, 10), nn.ReLU(), nn.Linear(10, 4)))
+    data = DataBunch(DataLoader(train_ds, Sampler(train_ds, 32, shuffle=True, seed=2)),
+                     DataLoader(valid_ds, Sampler(valid_ds, 64)), c=4)
+    Runner().fit(3, Learner(data, models[0], F.cross_entropy, optim.SGD, lr=0.3, metrics=[accuracy]))
+    opt = optim.SGD(models[1].parameters(), lr=0.3)
+    replay = Sampler(train_ds, 32, shuffle=True, seed=2)
+    for _ in range(3):
+        for idxs in replay:
+            F.cross_entropy(models[1](x[idxs]), y[idxs]).backward()
+            opt.step()
+            opt.zero_grad()
+    for p, q in zip(*(m.parameters() for m in models)): ft.test_eq(p.detach(), q.detach())
