@@ -1,0 +1,191 @@
+"""Unit tests for exp.progress: what ProgressCallback writes outside a notebook, and that it hands printing back."""
+import io
+import re
+import sys
+
+import pytest
+import torch
+from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
+from torch import nn
+
+import exp.progress
+from exp.callbacks import AvgStatsCallback, Callback, CancelTrainException, DataBunch, Learner, Runner
+from exp.data import set_seed
+from exp.early_stopping import EarlyStopping
+from exp.loss import accuracy
+from exp.minibatch import DataLoader, Dataset, Sampler
+from exp.progress import ProgressCallback, format_row, format_stat, progress_display
+
+HEADER = ['epoch', 'train_loss', 'train_accuracy', 'valid_loss', 'valid_accuracy', 'time']
+TIME = re.compile(r'\d+\.\d\ds$')
+
+
+def make_learner(n_train=16, n_valid=6, bs=4, seed=0, metrics=(accuracy,)):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n_train + n_valid, 5, generator=g), torch.randint(0, 3, (n_train + n_valid,), generator=g)
+    train_ds, valid_ds = Dataset(x[:n_train], y[:n_train]), Dataset(x[n_train:], y[n_train:])
+    data = DataBunch(DataLoader(train_ds, Sampler(train_ds, bs)), DataLoader(valid_ds, Sampler(valid_ds, bs)), c=3)
+    set_seed(seed)
+    return Learner(data, nn.Sequential(nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 3)), lr=0.1, metrics=list(metrics))
+
+
+def terminal_view(raw):
+    "What a terminal shows for `raw`: each '\\r' returns to the start of the line, and later text overwrites."
+    screen = []
+    for line in raw.split('\n'):
+        shown = ''
+        for part in line.split('\r'): shown = part + shown[len(part):]
+        screen.append(shown.rstrip())
+    return screen[:-1] if screen and not screen[-1] else screen
+
+
+def expected_lines(history):
+    rows = [[format_stat(k, v) for k, v in row.items()] for row in history]
+    return [format_row(cells, HEADER) for cells in [HEADER, *rows]]
+
+
+def untimed(lines): return [TIME.sub('', l) for l in lines]
+
+
+# ---------------------------------------------------------------- outside a notebook
+
+def test_auto_in_a_captured_stdout_writes_clean_table_lines(capsys):
+    run = Runner(cbs=[ProgressCallback()])
+    run.fit(3, make_learner())
+    out = capsys.readouterr().out
+    ft.test_eq(run.progress.mode, 'text')
+    assert '\r' not in out and '<' not in out and 'Epoch' not in out  # no bars, no HTML
+    lines = out.splitlines()
+    ft.test_eq(lines, expected_lines(run.avg_stats.history))  # printed once: AvgStatsCallback stayed quiet
+    ft.test_eq(lines[0].split(), HEADER)
+    ft.test_eq([l.split()[0] for l in lines[1:]], ['0', '1', '2'])
+    ft.test_eq(run.progress.table[1][3], f"{run.avg_stats.history[0]['valid_loss']:.6f}")
+    assert run.avg_stats.print_stats  # handed back
+
+
+def test_console_bars_leave_only_the_table_on_a_terminal(capsys):
+    run = Runner(cbs=[ProgressCallback('console')])
+    run.fit(2, make_learner())
+    raw = capsys.readouterr().out
+    assert '\r' in raw and 'Epoch 2/2 :' in raw and '100.00% [4/4' in raw and '100.00% [2/2' in raw  # bars were drawn
+    ft.test_eq(untimed(terminal_view(raw)), untimed(expected_lines(run.avg_stats.history)))
+
+
+def test_auto_picks_by_where_output_goes(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self): return True
+    ft.test_eq(progress_display('auto'), 'text')  # pytest's captured stdout is no terminal
+    monkeypatch.setattr(sys, 'stdout', Terminal())
+    ft.test_eq(progress_display('auto'), 'console')
+    monkeypatch.setattr(exp.progress, 'in_jupyter', lambda: True)
+    ft.test_eq(progress_display('auto'), 'notebook')
+    ft.test_eq(progress_display('text'), 'text')
+    monkeypatch.setattr(sys, 'stdout', object())  # no isatty at all
+    monkeypatch.setattr(exp.progress, 'in_jupyter', lambda: False)
+    ft.test_eq(progress_display('auto'), 'text')
+
+
+def test_not_in_jupyter_here():
+    assert not exp.progress.in_jupyter()
+
+
+def test_off_leaves_avg_stats_printing(capsys):
+    run = Runner(cbs=[ProgressCallback('off')])
+    run.fit(2, make_learner())
+    lines = capsys.readouterr().out.splitlines()
+    ft.test_eq(len(lines), 3)
+    ft.test_eq(lines[0].split(), HEADER)  # AvgStatsCallback's own table
+    ft.test_eq(run.progress.table, [])
+
+
+def test_early_stopping_message_after_the_last_row(capsys):
+    run = Runner(cbs=[ProgressCallback(), EarlyStopping('train_loss', patience=1, min_delta=10.)])
+    run.fit(10, make_learner())
+    lines = capsys.readouterr().out.splitlines()
+    ft.test_eq(lines[:-1], expected_lines(run.avg_stats.history))
+    ft.test_eq(len(lines), 1 + 2 + 1)
+    assert lines[-1].startswith('EarlyStopping: stopped after epoch 1'), lines[-1]
+
+
+class StopAt(Callback):
+    def __init__(self, n_iter, exc=CancelTrainException): self.n_iter_stop, self.exc = n_iter, exc
+    def after_batch(self):
+        if self.in_train and self.n_iter == self.n_iter_stop: raise self.exc()
+
+
+class Boom(Exception): pass
+
+
+@pytest.mark.parametrize('exc', [CancelTrainException, Boom])
+@pytest.mark.parametrize('display', ['text', 'console'])
+def test_cancel_or_error_mid_epoch_closes_and_hands_back(exc, display, capsys):
+    run = Runner(cbs=[ProgressCallback(display), StopAt(6, exc)])  # in epoch 1's training (4 batches per epoch)
+    if exc is Boom:
+        with pytest.raises(Boom): run.fit(3, make_learner())
+    else: run.fit(3, make_learner())
+    raw = capsys.readouterr().out
+    ft.test_eq(untimed(terminal_view(raw)), untimed(expected_lines(run.avg_stats.history)))
+    ft.test_eq(len(run.avg_stats.history), 1)
+    assert run.avg_stats.print_stats and run.progress.mbar is None
+
+
+def test_without_avg_stats_only_bars(capsys):
+    run = Runner(cbs=[ProgressCallback('console')])
+    run.fit(2, make_learner(metrics=()))
+    raw = capsys.readouterr().out
+    assert '100.00% [4/4' in raw
+    ft.test_eq(terminal_view(raw), [])  # the bars blank themselves out: nothing stays
+    ft.test_eq(run.progress.table, [])
+    Runner(cbs=[ProgressCallback()]).fit(1, make_learner(metrics=()))
+    ft.test_eq(capsys.readouterr().out, '')
+
+
+def test_zero_epochs_writes_the_header(capsys):
+    Runner(cbs=[ProgressCallback('console')]).fit(0, make_learner())
+    ft.test_eq(terminal_view(capsys.readouterr().out), [format_row(HEADER, HEADER)])
+
+
+def test_avg_stats_silenced_by_choice_stays_silent(capsys):
+    stats = AvgStatsCallback([accuracy], print_stats=False)
+    run = Runner(cbs=[ProgressCallback(), stats])
+    run.fit(1, make_learner())
+    ft.test_eq(len(capsys.readouterr().out.splitlines()), 2)  # the table is the progress callback's
+    assert stats.print_stats is False
+
+
+# ---------------------------------------------------------------- in an IPython shell, notebook bars
+
+@pytest.fixture
+def ipython_shell():
+    from IPython.core.interactiveshell import InteractiveShell
+    shell = InteractiveShell.instance()
+    yield shell
+    InteractiveShell.clear_instance()
+
+
+def test_notebook_bars_build_the_html_table(ipython_shell, capsys):
+    run = Runner(cbs=[ProgressCallback('notebook')])
+    run.fit(2, make_learner())
+    final = capsys.readouterr().out.strip().splitlines()[-1]  # the shell prints what it displays, last the final view
+    assert final.startswith('<div><table class="fastprogress"><thead><tr><th>epoch</th>'), final
+    ft.test_eq(final.count('<tr><td>'), 2)  # a row per epoch; the bars are gone
+    assert '<progress' not in final
+    cb = run.progress
+    ft.test_eq(cb.table[0], HEADER)
+    ft.test_eq(len(cb.table), 3)
+    assert run.avg_stats.print_stats
+
+
+# ---------------------------------------------------------------- formatting and checks
+
+def test_format_stat_and_row():
+    ft.test_eq([format_stat('epoch', 2.0), format_stat('valid_loss', 0.25), format_stat('time', 0.0549)],
+               ['2', '0.250000', '0.05s'])
+    ft.test_eq(format_stat('time', 3725.), '1:02:05')
+    ft.test_eq(format_row(['1', '0.5'], ['epoch', 'a_long_column_name']), '         1                 0.5')
+
+
+def test_checks():
+    with pytest.raises(ValueError, match="display must be one of auto, notebook, console, text, off; got 'html'"):
+        ProgressCallback('html')
+    with pytest.raises(ValueError, match="got 'tty'"): progress_display('tty')
