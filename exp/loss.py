@@ -65,15 +65,19 @@ def log_softmax(x: Tensor) -> Tensor:
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
 # %% ../nbs/02_cross_entropy.ipynb #b27d96f1
+def _check_labels(t: Tensor, name: str, scores: Tensor, scores_name: str) -> None:
+    "Raise TypeError/ValueError naming `name` unless `t` holds 1-d integer labels, one per row of `scores`."
+    if not isinstance(t, Tensor): raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must hold integer class indices, got {name}.dtype={t.dtype}")
+    if t.dim() != 1: raise ValueError(f"{name} must be 1-d (N,), got shape {tuple(t.shape)}")
+    if len(t) != len(scores): raise ValueError(f"{name} has {len(t)} labels but {scores_name} has {len(scores)} rows")
+
 def nll(input: Tensor, target: Tensor) -> Tensor:
     "Mean negative log likelihood: -input[i, target[i]] averaged over the batch; `input` holds log-probabilities (N, C)."
     _check_scores(input, 'input', ndim=2)
-    if not isinstance(target, Tensor): raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
-    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
-        raise TypeError(f"target must hold integer class indices, got target.dtype={target.dtype}")
-    if target.dim() != 1: raise ValueError(f"target must be 1-d (N,), got shape {tuple(target.shape)}")
+    _check_labels(target, 'target', input, 'input')
     n, c = input.shape
-    if len(target) != n: raise ValueError(f"target has {len(target)} labels but input has {n} rows")
     if target.device != input.device: raise ValueError(f"target is on {target.device} but input is on {input.device}")
     if n:
         lo, hi = torch.aminmax(target)
@@ -90,8 +94,5 @@ def cross_entropy(pred: Tensor, target: Tensor) -> Tensor:
 def accuracy(out: Tensor, targ: Tensor) -> Tensor:
     "Fraction of rows of `out` (N, C) whose largest entry is at index `targ` (N,), as a float32 scalar."
     _check_scores(out, 'out', ndim=2)
-    if not isinstance(targ, Tensor): raise TypeError(f"targ must be a torch.Tensor, got {type(targ).__name__}")
-    if targ.is_floating_point() or targ.is_complex() or targ.dtype == torch.bool:
-        raise TypeError(f"targ must hold integer class indices, got targ.dtype={targ.dtype}")
-    if targ.shape != out.shape[:1]: raise ValueError(f"targ must have shape ({len(out)},) to match out, got {tuple(targ.shape)}")
+    _check_labels(targ, 'targ', out, 'out')
     return (out.argmax(dim=1) == targ).float().mean()

@@ -286,6 +286,6 @@ def test_accuracy_by_hand():
 
 def test_accuracy_bad_input():
     out = torch.zeros(4, 3)
-    with pytest.raises(ValueError, match=r'targ must have shape \(4,\) to match out, got \(3,\)'): accuracy(out, torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r'targ has 3 labels but out has 4 rows'): accuracy(out, torch.zeros(3, dtype=torch.long))
     with pytest.raises(TypeError, match=r'targ must hold integer class indices'): accuracy(out, torch.zeros(4))
     with pytest.raises(ValueError, match=r'out must be 2-d'): accuracy(torch.zeros(4), torch.zeros(4, dtype=torch.long))
