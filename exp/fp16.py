@@ -18,10 +18,12 @@ __all__ = ['model_to_half', 'get_master', 'model_grads_to_master', 'master_to_mo
 _BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
 
 def model_to_half(model: nn.Module, dtype: torch.dtype = torch.float16) -> nn.Module:
-    "Convert `model` to `dtype` in place, except batch norm layers, which stay fp32."
-    model.to(dtype)
+    "Convert `model` to `dtype` in place, except batch norm layers, which stay fp32 (and are never rounded)."
     for module in model.modules():
-        if isinstance(module, _BN_TYPES): module.float()
+        if isinstance(module, _BN_TYPES): continue  # not even a round trip: fp32 -> fp16 -> fp32 would round them
+        for p in module.parameters(recurse=False): p.data = p.data.to(dtype)  # the same Parameter: the optimizer keeps it
+        for name, buf in module.named_buffers(recurse=False):
+            if buf.is_floating_point(): module._buffers[name] = buf.to(dtype)
     return model
 
 # %% ../nbs/09_fp16.ipynb #013a75a3
