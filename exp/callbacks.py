@@ -121,7 +121,8 @@ class TrainEvalCallback(Callback):
     _order = -10
 
     def begin_fit(self):
-        self.run.n_epochs, self.run.n_iter = 0., 0
+        # a resumed fit (start_epoch > 0) counts on from where the interrupted one stopped
+        self.run.n_epochs, self.run.n_iter = float(self.start_epoch), self.start_epoch * len(self.data.train_dl)
 
     def begin_epoch(self):
         self.run.n_epochs = float(self.epoch)
@@ -143,7 +144,7 @@ class Runner:
     "Runs the training loop of a Learner, calling its callbacks' event methods in `_order`."
     def __init__(self, cbs: Sequence[Callback] | None = None, cb_funcs: Sequence[Callable] | None = None):
         self.cbs: list[Callback] = []
-        self.in_train, self.epoch, self.epochs, self.n_epochs, self.n_iter, self.iters = False, 0, 0, 0., 0, 0
+        self.in_train, self.epoch, self.epochs, self.start_epoch, self.n_epochs, self.n_iter, self.iters = False, 0, 0, 0, 0., 0, 0
         self.learn = self.xb = self.yb = self.pred = self.loss = None
         self._table: dict[str, list[Callable]] = {}
         self.add_cbs([TrainEvalCallback(), *listify(cbs), *(f() for f in listify(cb_funcs))])
@@ -200,18 +201,20 @@ class Runner:
         self.iters = len(dl)
         for xb, yb in dl: self.one_batch(xb, yb)
 
-    def fit(self, epochs: int, learn: Learner) -> None:
-        "Train `learn` for `epochs`, with this runner's callbacks and the learner's own (and its metrics)."
+    def fit(self, epochs: int, learn: Learner, start_epoch: int = 0) -> None:
+        "Train `learn` for `epochs` (from epoch `start_epoch`, to resume), with these callbacks, the learner's and its metrics'."
         if not isinstance(epochs, int) or epochs < 0: raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
+        if not isinstance(start_epoch, int) or not 0 <= start_epoch <= epochs:
+            raise ValueError(f"start_epoch must be an int in [0, epochs={epochs}], got {start_epoch!r}")
         joining = [cb for cb in learn.cbs if cb not in self.cbs]
         if learn.metrics and not any(isinstance(cb, AvgStatsCallback) for cb in self.cbs + joining):
             joining.append(AvgStatsCallback(learn.metrics))
         self.add_cbs(joining)
         self._build_table()
-        self.epochs, self.learn, self.loss = epochs, learn, torch.tensor(0.)
+        self.epochs, self.start_epoch, self.learn, self.loss = epochs, start_epoch, learn, torch.tensor(0.)
         try:
             self('begin_fit')
-            for epoch in range(epochs):
+            for epoch in range(start_epoch, epochs):
                 self.epoch = epoch
                 try:
                     self('begin_epoch')

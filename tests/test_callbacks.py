@@ -305,3 +305,19 @@ def test_runner_same_weights_as_hand_written_loop():
             opt.step()
             opt.zero_grad()
     for p, q in zip(*(m.parameters() for m in models)): ft.test_eq(p.detach(), q.detach())
+
+
+def test_start_epoch_resumes_the_counters():
+    progress = []
+
+    class Watch(Callback):
+        _order = 1
+        def begin_epoch(self): progress.append(('epoch', self.epoch, self.n_epochs, self.n_iter))
+        def after_batch(self):
+            if self.in_train: progress.append(('batch', self.n_epochs, self.n_iter))
+
+    run = Runner(cbs=[Watch()])
+    run.fit(3, make_learner(), start_epoch=2)  # 2 training batches per epoch
+    ft.test_eq(progress, [('epoch', 2, 2.0, 4), ('batch', 2.5, 5), ('batch', 3.0, 6)])
+    with pytest.raises(ValueError, match=r'start_epoch must be an int in \[0, epochs=3\], got 4'):
+        run.fit(3, make_learner(), start_epoch=4)
