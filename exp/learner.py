@@ -5,12 +5,12 @@
 # %% ../nbs/10_learner.ipynb #fedbc012
 from __future__ import annotations
 
+import io
 import math
 import os
 import pickle
 import random
 import sys
-import tempfile
 from copy import deepcopy
 from pathlib import Path
 from typing import Sequence
@@ -21,6 +21,7 @@ from fastcore.basics import listify, patch
 
 from .anneal import Recorder, sched_1cycle
 from .callbacks import AvgStatsCallback, Callback, DataBunch, Learner, Runner
+from .data import _atomic_write
 from .early_stopping import LRFinder, _monitor_mode, _restore, _state
 from .fp16 import MixedPrecision, _slices, swap_params, to_bf16, to_fp16
 from .progress import ProgressCallback
@@ -177,18 +178,10 @@ def _samplers(data: DataBunch) -> list:
     return [getattr(getattr(dl, 'sampler', None), 'generator', None) for dl in (data.train_dl, data.valid_dl)]
 
 def _atomic_save(obj, path: Path) -> None:
-    "torch.save `obj` to `path` through a temporary file, fsync and rename: a crash leaves the old file intact."
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.part')
-    try:
-        with os.fdopen(fd, 'wb') as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    "torch.save `obj` to `path` through exp.data's atomic write (temporary file, fsync, rename)."
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    _atomic_write(path, buffer.getvalue())
 
 # %% ../nbs/10_learner.ipynb #8d40e1e7
 def _mixed_precision(learn: Learner) -> MixedPrecision | None:

@@ -224,7 +224,7 @@ KILL_DURING_SAVE = textwrap.dedent('''
     torch.save(learn.model.state_dict(), {path!r} + '.expected')
     learn.fit(1)  # the weights move on
     def killed_before_rename(src, dst): os.kill(os.getpid(), signal.SIGKILL)
-    exp.learner.os.replace = killed_before_rename
+    os.replace = killed_before_rename
     learn.save({path!r})  # written to a temporary file, then killed before the rename
     ''')
 
