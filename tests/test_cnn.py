@@ -47,7 +47,9 @@ def test_device_callback_on_cpu():
     run.fit(1, Learner(data, get_cnn_model(data), lr=0.1))
     ft.test_eq(set(run.seen.devices), {('cpu', 'cpu', 'cpu')})
     ft.test_eq(DeviceCallback().device, default_device())
-    ft.test_eq(default_device().type, 'cuda' if torch.cuda.is_available() else default_device().type)
+    mps = getattr(torch.backends, 'mps', None)
+    expected = 'cuda' if torch.cuda.is_available() else 'mps' if mps is not None and mps.is_available() else 'cpu'
+    ft.test_eq(default_device().type, expected)
 
 
 @cuda
