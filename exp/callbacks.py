@@ -14,9 +14,7 @@ from typing import Callable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 from fastcore.basics import listify
-from torch import Tensor, nn, optim
-
-from .minibatch import DataLoader, Dataset, get_dls
+from torch import nn, optim
 
 # %% auto #0
 __all__ = ['EVENTS', 'DataBunch', 'Learner', 'get_model', 'get_model_func', 'create_learner', 'camel2snake', 'Callback',

@@ -23,7 +23,8 @@ from .anneal import Recorder, sched_1cycle
 from .callbacks import AvgStatsCallback, Callback, DataBunch, Learner, Runner
 from .data import _atomic_write
 from .early_stopping import LRFinder, _monitor_mode, _restore, _state
-from .fp16 import MixedPrecision, _slices, swap_params, to_bf16, to_fp16
+from . import fp16
+from .fp16 import MixedPrecision, _slices, swap_params
 from .progress import ProgressCallback
 
 # %% auto #0
@@ -76,12 +77,12 @@ def fit_one_cycle(self: Learner, epochs: int, max_lr: float | None = None, pct_s
 def to_fp16(self: Learner, loss_scale: float | None = None, max_noskip: int = 1000, dynamic: bool = True,
             clip: float | None = None, flat_master: bool = False, max_scale: float = 2.**24) -> Learner:
     "Train in mixed precision (fp16, dynamic loss scaling); returns the learner."
-    return to_fp16(self, loss_scale, max_noskip, dynamic, clip, flat_master, max_scale)
+    return fp16.to_fp16(self, loss_scale, max_noskip, dynamic, clip, flat_master, max_scale)  # the module's: this name is the method
 
 @patch
 def to_bf16(self: Learner, clip: float | None = None, flat_master: bool = False) -> Learner:
     "Train in mixed precision with bfloat16 (no loss scaling); returns the learner."
-    return to_bf16(self, clip, flat_master)
+    return fp16.to_bf16(self, clip, flat_master)
 
 @patch
 def to_fp32(self: Learner) -> Learner:

@@ -10,7 +10,7 @@ from exp.callbacks import (EVENTS, AvgStats, AvgStatsCallback, Callback, CancelB
                            camel2snake, create_learner, get_model_func)
 from exp.data import set_seed
 from exp.loss import accuracy
-from exp.minibatch import DataLoader, Dataset, Sampler, get_dls
+from exp.minibatch import DataLoader, Dataset, Sampler
 
 TRAIN = ['begin_batch', 'after_pred', 'after_loss', 'after_backward', 'after_step', 'after_batch']
 VALID = ['begin_batch', 'after_pred', 'after_loss', 'after_batch']

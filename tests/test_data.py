@@ -16,7 +16,7 @@ from fastcore import test as ft  # fastcore.test.test_eq would be collected by p
 from hypothesis import given, settings, strategies as st
 
 import exp.data as data
-from exp.data import (DATASETS, DownloadError, IDX_FILES, download_file, get_data, load_idx_folder, normalize,
+from exp.data import (DATASETS, DownloadError, IDX_FILES, download_file, get_data, normalize,
                       parse_idx, read_idx, set_seed, sha256sum, show_images, write_idx)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
 from torch import nn, optim
 
-from exp.callbacks import Callback, CancelTrainException, DataBunch, Learner, Runner
+from exp.callbacks import Callback, DataBunch, Learner, Runner
 from exp.data import set_seed
 from exp.fp16 import MixedPrecision, get_master, grads_overflow, master_to_model, model_grads_to_master, model_to_half, to_bf16, to_fp16
 from exp.loss import accuracy
