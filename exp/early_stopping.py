@@ -44,6 +44,7 @@ class LRFinder(Callback):
         min_lr, max_lr = _check_positive('min_lr', min_lr), _check_positive('max_lr', max_lr)
         if not min_lr < max_lr: raise ValueError(f"min_lr must be < max_lr, got min_lr={min_lr}, max_lr={max_lr}")
         self.max_iter, self.min_lr, self.max_lr = int(max_iter), min_lr, max_lr
+        self.model_state = self.opt_state = None
 
     def __repr__(self) -> str:
         return f'{type(self).__name__}(max_iter={self.max_iter}, min_lr={self.min_lr}, max_lr={self.max_lr})'
@@ -70,8 +71,10 @@ class LRFinder(Callback):
     def begin_validate(self): raise CancelEpochException()
 
     def after_fit(self):
+        if self.model_state is None: return  # an earlier callback's begin_fit failed before ours ran
         self.model.load_state_dict(self.model_state)
         _restore(self.opt, self.opt_state)
+        self.model_state = self.opt_state = None
 
 # %% ../nbs/06_early_stopping.ipynb #30e04748
 _MINIMISE = ('loss', 'error', 'err', 'mse', 'mae')

@@ -56,6 +56,17 @@ def test_lr_finder_restores_model_and_optimizer(opt_func):
         for k, v in s.items(): ft.test_eq(state['state'][i][k], v)
 
 
+class FailsToBegin(Callback):
+    _order = -1  # before LRFinder (1): its begin_fit never runs
+    def begin_fit(self): raise ValueError('refused at begin_fit')
+
+
+def test_lr_finder_lets_an_earlier_begin_fit_error_through():
+    "A callback's begin_fit error reaches the caller, not an error of the LRFinder's after_fit, which has nothing to restore."
+    learn = make_learner(lr=0.01)
+    ft.test_fail(lambda: Runner(cbs=[FailsToBegin(), LRFinder(max_iter=10)]).fit(3, learn), contains='refused at begin_fit')
+
+
 def test_lr_finder_schedule_and_max_iter():
     learn = make_learner(lr=0.01)
     run = Runner(cbs=[LRFinder(max_iter=10, min_lr=1e-4, max_lr=1e-2), Recorder(), Counter()])
