@@ -144,6 +144,9 @@ def build_learner(cfg: TrainConfig, data: DataBunch | None = None) -> Learner:
     mode = resolve_fp16(cfg.fp16, device)
     if mode == 'on': learn.to_fp16()
     elif mode == 'bf16': learn.to_bf16()
+    if 'WORLD_SIZE' in os.environ:  # started by torchrun: train data-parallel (notebook 12)
+        import exp.distributed  # adds Learner.to_distributed; imported here, as only such runs need it
+        learn.to_distributed()
     return learn
 
 # %% ../nbs/11_train.ipynb #93df6a95
@@ -188,6 +191,9 @@ class Trainer:
     "A training run: `Trainer(cfg)` checks it all and builds the learner, writing nothing; `fit()` trains and writes the run."
     def __init__(self, cfg: TrainConfig | None = None, **kwargs):
         self.cfg = check_config(TrainConfig(**kwargs) if cfg is None else cfg)
+        if self.cfg.lr_find and os.environ.get('WORLD_SIZE', '1') != '1':
+            raise ValueError("--lr-find runs in one process: find the lr with python -m exp.train --lr-find, "
+                             "then give torchrun's run that --lr")
         self.out, self.partial, self.history = check_out(self.cfg.out), None, None
         try: self.learn = build_learner(self.cfg)
         except DownloadError as e:
@@ -196,6 +202,8 @@ class Trainer:
             raise DownloadError(f"--data {self.cfg.data}: {first}; pass --data FOLDER holding the four IDX files, "
                                 f"or set {env} to a mirror that serves them") from None
         self.start_epoch = self._check_resume() if self.cfg.resume else 0
+        # under torchrun (notebook 12) rank 0 prints and writes the run; the others train alongside it
+        self.rank, self.world_size = getattr(self.learn, 'rank', 0), getattr(self.learn, 'world_size', 1)
 
     def _check_resume(self) -> int:
         "Load the checkpoint to resume into the learner (so that a mismatch fails now); the epoch to start at."
@@ -224,8 +232,9 @@ class Trainer:
         epochs = f"{cfg.epochs} epoch{'s' if cfg.epochs > 1 else ''}"
         if self.start_epoch: epochs += f', resuming at epoch {self.start_epoch}'
         schedule = 'one-cycle, peak lr' if cfg.one_cycle else 'lr'
+        processes = f", {self.world_size} processes" if self.world_size > 1 else ''
         return (f"{cfg.arch} on {cfg.data} ({len(data.train_ds)} train, {len(data.valid_ds)} valid, {data.c} classes); "
-                f"{default_device()}, {precision}; {epochs}, bs {cfg.bs}, {schedule} {lr:.3g}")
+                f"{default_device()}, {precision}{processes}; {epochs}, bs {cfg.bs}, {schedule} {lr:.3g}")
 
     def _pick_lr(self, folder: Path) -> float:
         "The lr to train at: given, the architecture's default, or the LR finder's (its plot saved in `folder`)."
@@ -237,19 +246,26 @@ class Trainer:
         for pg in self.learn.opt.param_groups: pg['lr'] = lr  # the optimizer exists already: the finder built it
         return lr
 
+    def _train(self, lr: float, cbs: list) -> None:
+        "Fit the learner as the options say, with callbacks `cbs`."
+        cfg, learn = self.cfg, self.learn
+        if cfg.one_cycle: learn.fit_one_cycle(cfg.epochs, max_lr=lr, cbs=cbs, resume=cfg.resume)
+        else: learn.fit(cfg.epochs, cbs=cbs, resume=cfg.resume)
+        self.history = learn.run.avg_stats.history
+
     def fit(self) -> dict[str, float]:
         "Train, then write model.pth, metrics.csv, loss.png, lr.png and config.json; returns the last epoch's row."
         if self.history is not None: raise RuntimeError("this Trainer has run: make a new one for another run")
         cfg, learn, out = self.cfg, self.learn, self.out
+        if self.rank != 0:  # a torchrun worker besides rank 0: it trains, rank 0 writes
+            self._train(learn.lr, [])
+            return self.history[-1]
         out.parent.mkdir(parents=True, exist_ok=True)
         self.partial = Path(tempfile.mkdtemp(dir=out.parent, prefix=f'.{out.name}.partial-'))
         try:
             lr = self._pick_lr(self.partial)
             print(self.describe(lr), flush=True)
-            cbs = [SaveModelCallback(self.partial / CHECKPOINT, every='epoch')]
-            if cfg.one_cycle: learn.fit_one_cycle(cfg.epochs, max_lr=lr, cbs=cbs, resume=cfg.resume)
-            else: learn.fit(cfg.epochs, cbs=cbs, resume=cfg.resume)
-            self.history = learn.run.avg_stats.history
+            self._train(lr, [SaveModelCallback(self.partial / CHECKPOINT, every='epoch')])
             _write_metrics(self.history, self.partial / 'metrics.csv')
             _save_plot(learn.recorder.plot_loss, self.partial / 'loss.png')
             _save_plot(learn.recorder.plot_lr, self.partial / 'lr.png')
@@ -274,10 +290,15 @@ class _BoolFlag(argparse.BooleanOptionalAction):
         super().__init__([s.replace('_', '-') for s in option_strings], dest, **kwargs)
         self.help = help  # set after: BooleanOptionalAction would append a second '(default: ...)' to fastcore's
 
-def _fail(e: BaseException) -> None:
-    "Report `e` as one line on stderr and exit with argparse's usage-error code, 2."
-    print(f"exp.train: error: {' '.join(str(e).split())}", file=sys.stderr)
-    raise SystemExit(2)
+def _who() -> str:
+    "'' in a single process or torchrun's rank 0; '[rank N] ' in torchrun's other processes."
+    rank = os.environ.get('RANK', '0') if os.environ.get('WORLD_SIZE', '1') != '1' else '0'
+    return '' if rank == '0' else f'[rank {rank}] '
+
+def _fail(e: BaseException, code: int = 2) -> None:
+    "Report `e` as one line on stderr and exit with `code` (2: argparse's usage-error code)."
+    print(f"exp.train: {_who()}error: {' '.join(str(e).split())}", file=sys.stderr)
+    raise SystemExit(code)
 
 @call_parse
 def main(data: str = TrainConfig.data,  # mnist5k (embedded, offline), mnist, fashion, or a folder of four IDX files
@@ -295,11 +316,24 @@ def main(data: str = TrainConfig.data,  # mnist5k (embedded, offline), mnist, fa
     "Train a model on MNIST-style digits; write metrics.csv, loss.png, lr.png, model.pth and config.json to a run folder."
     try: trainer = Trainer(TrainConfig(data, arch, epochs, bs, lr, lr_find, one_cycle, fp16, seed, out, resume))
     except (ValueError, TypeError, OSError) as e: _fail(e)
+    except RuntimeError as e:  # under torchrun: the process group could not be set up (a broken environment, no peers)
+        if 'WORLD_SIZE' not in os.environ: raise
+        _fail(e)
     try: last = trainer.fit()
     except KeyboardInterrupt:
+        if trainer.partial is None: raise SystemExit(130)  # a torchrun worker besides rank 0: rank 0 says where the run is
         ckpt = trainer.partial / CHECKPOINT
         more = f"; continue it with --resume {ckpt}" if ckpt.is_file() else ''
         print(f"exp.train: interrupted; the unfinished run is in {trainer.partial}{more}", file=sys.stderr)
         raise SystemExit(130)
+    except RuntimeError as e:
+        if trainer.world_size == 1: raise
+        from exp.distributed import DistributedError
+        if not isinstance(e, DistributedError): raise
+        _fail(e, 1)  # a peer died or hung: one line per process; torchrun then names the process that failed
+    if 'WORLD_SIZE' in os.environ:  # under torchrun (even with one process): leave the process group cleanly
+        from exp.distributed import shutdown
+        shutdown()
+    if trainer.rank != 0: return
     print(f"valid accuracy: {last['valid_accuracy']:.4f} (valid loss {last['valid_loss']:.4f}) after epoch {last['epoch']}")
     print(f"run folder: {trainer.out}")

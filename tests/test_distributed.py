@@ -1,0 +1,196 @@
+"""Tests for exp.distributed: the sampler against torch's DistributedSampler, the set-up's errors, and real
+multi-process runs (torchrun, gloo on the CPU) against a single process over the same global batches."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
+from hypothesis import given, settings, strategies as st
+from torch import nn
+from torch.utils.data import DistributedSampler
+
+from exp.callbacks import DataBunch, Learner
+from exp.distributed import (ENV_VARS, DistributedCallback, ShardedSampler, launch, rank_lines, torchrun_env)
+from exp.minibatch import Dataset, get_dls
+
+WORKER = Path(__file__).with_name('dist_worker.py')
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 120), world=st.integers(1, 9), shuffle=st.booleans(), drop_last=st.booleans(),
+       seed=st.integers(0, 2**31 - 1), epoch=st.integers(0, 50), bs=st.integers(1, 20))
+def test_sharded_sampler_equals_torchs(n, world, shuffle, drop_last, seed, epoch, bs):
+    if drop_last and n < world: return  # no sample for some rank: refused (tested below)
+    for rank in range(world):
+        ours = ShardedSampler(range(n), bs, world, rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        theirs = DistributedSampler(range(n), num_replicas=world, rank=rank, shuffle=shuffle, seed=seed, drop_last=drop_last)
+        ours.set_epoch(epoch)
+        theirs.set_epoch(epoch)
+        batches = list(ours)
+        ft.test_eq(len(batches), len(ours))
+        assert all(len(b) == bs for b in batches[:-1]) and 0 < len(batches[-1]) <= bs
+        ft.test_eq(torch.cat(batches).tolist(), list(theirs))
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 100), world=st.integers(1, 6), local_bs=st.integers(1, 8), seed=st.integers(0, 1000))
+def test_ranks_together_take_the_global_batches(n, world, local_bs, seed):
+    "Batch i of every rank, together, is batch i of one process reading the same permutation in batches of world * bs."
+    if n % world: n += world - n % world  # with padding the union holds repeats; without, it is exact
+    one = list(ShardedSampler(range(n), local_bs * world, 1, 0, seed=seed))
+    per_rank = [list(ShardedSampler(range(n), local_bs, world, r, seed=seed)) for r in range(world)]
+    assert all(len(p) == len(one) for p in per_rank)
+    for i, batch in enumerate(one):
+        ft.test_eq(sorted(torch.cat([p[i] for p in per_rank]).tolist()), sorted(batch.tolist()))
+
+
+@pytest.mark.parametrize('n,world', [(13, 3), (5, 8), (10, 5), (1, 2)])
+def test_uneven_shards_hold_each_sample_once(n, world):
+    shards = [ShardedSampler(range(n), 4, world, r, shuffle=False, even=False).indices().tolist() for r in range(world)]
+    ft.test_eq(sorted(sum(shards, [])), list(range(n)))
+    assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def test_sharded_sampler_refuses_bad_arguments():
+    ft.test_fail(lambda: ShardedSampler(range(10), 0, 2, 0), contains='bs must be a positive int')
+    ft.test_fail(lambda: ShardedSampler(range(10), 4, 0, 0), contains='num_replicas must be a positive int')
+    ft.test_fail(lambda: ShardedSampler(range(10), 4, 2, 2), contains='rank must be an int in [0, 2)')
+    ft.test_fail(lambda: ShardedSampler(range(10), 4, 2, 0, seed=1.5), contains='seed must be an int')
+    ft.test_fail(lambda: ShardedSampler(range(10), 4, 2, 0, drop_last=True, even=False), contains='needs even=True')
+    ft.test_fail(lambda: ShardedSampler(range(3), 4, 4, 0, drop_last=True), contains='cannot be shared evenly by 4')
+
+
+def toy_learner(bs=32, n=100):
+    ds = Dataset(torch.randn(n, 5), torch.randint(0, 2, (n,)))
+    return Learner(DataBunch(*get_dls(ds, ds, bs), c=2), nn.Linear(5, 2))
+
+
+@pytest.fixture
+def no_torchrun_env(monkeypatch):
+    for k in ENV_VARS: monkeypatch.delenv(k, raising=False)
+
+
+def test_without_torchrun_says_how_to_launch(no_torchrun_env):
+    assert torchrun_env() is None
+    ft.test_fail(lambda: toy_learner().to_distributed(), contains='launch with `torchrun --nproc_per_node N')
+
+
+def torchrun_vars(monkeypatch, rank=0, world=3):
+    for k, v in dict(RANK=rank, LOCAL_RANK=rank, WORLD_SIZE=world, MASTER_ADDR='localhost', MASTER_PORT=1).items():
+        monkeypatch.setenv(k, str(v))
+
+
+def test_batch_that_does_not_split_is_refused_before_joining(monkeypatch):
+    torchrun_vars(monkeypatch, world=3)  # no process to meet: to_distributed must refuse before it tries
+    ft.test_fail(lambda: toy_learner(bs=32).to_distributed(), contains='the batch size 32 does not split evenly over 3')
+    ft.test_fail(lambda: toy_learner(bs=3, n=2).to_distributed(), contains='2 training samples cannot be shared by 3')
+    ft.test_fail(lambda: toy_learner(bs=3).to_distributed(timeout=0), contains='timeout must be > 0')
+    monkeypatch.setenv('RANK', 'x')
+    ft.test_fail(lambda: toy_learner(bs=3).to_distributed(), contains="torchrun's variables must be integers")
+
+
+def test_lr_finder_is_refused_on_a_distributed_learner():
+    learn = toy_learner()
+    learn.display = 'off'
+    learn.cbs.append(DistributedCallback(0, 2))  # its begin_fit refuses before any collective operation
+    ft.test_fail(lambda: learn.lr_find(max_iter=5), contains='LR finder cannot run data-parallel')
+
+
+def results(folder: Path, rank: int) -> dict:
+    return json.loads((folder / f'rank{rank}.json').read_text())
+
+
+@pytest.fixture(scope='module')
+def single_run(tmp_path_factory):
+    "The reference: one process, no torch.distributed, the same global batches (ShardedSampler of world 1)."
+    out = tmp_path_factory.mktemp('single')
+    subprocess.run([sys.executable, str(WORKER), str(out)], check=True, capture_output=True, timeout=300)
+    return out
+
+
+def test_two_processes_train_like_one(single_run, tmp_path, no_torchrun_env):
+    "Seed 0 init, SEED 11 shuffling, 3 epochs of one-cycle: weights within 1e-6; ranks report identical numbers."
+    launch(WORKER, tmp_path, nproc=2, timeout=300)
+    one = torch.load(single_run / 'model.pth', weights_only=True)['model']
+    two = torch.load(tmp_path / 'model.pth', weights_only=True)['model']
+    diff = max((one[k] - two[k]).abs().max().item() for k in one)
+    assert diff < 1e-6, diff
+    r0, r1, ref = results(tmp_path, 0), results(tmp_path, 1), results(single_run, 0)
+    ft.test_eq(r0, r1)  # identical: all-reduced statistics, every rank computes the same averages
+    ft.test_eq((r0['world_size'], ref['world_size']), (2, 1))
+    for row, ref_row in zip(r0['history'], ref['history']):
+        for k in row: assert abs(row[k] - ref_row[k]) < 1e-6, (k, row[k], ref_row[k])
+    ft.test_eq(sorted(p.name for p in tmp_path.iterdir()), ['model.pth', 'rank0.json', 'rank1.json'])  # rank 0 saves
+
+
+def test_two_processes_in_mixed_precision(tmp_path, no_torchrun_env):
+    "MixedPrecision under DDP: the processes skip the same steps and keep the same loss scale and statistics."
+    launch(WORKER, tmp_path, '--fp16', nproc=2, timeout=300)
+    r0, r1 = results(tmp_path, 0), results(tmp_path, 1)
+    ft.test_eq(r0, r1)
+    assert r0['loss_scale'] < 2.**16 and r0['skipped'] > 0  # the default first scale overflowed, in both alike
+    state = torch.load(tmp_path / 'model.pth', weights_only=True)['model']
+    assert all(v.dtype == torch.float32 and v.isfinite().all() for v in state.values() if v.is_floating_point())
+    assert r0['history'][-1]['valid_accuracy'] > 0.6  # 600 samples, 3 epochs: it learns (the fp32 run reaches ~0.8)
+
+
+def test_a_dying_rank_stops_the_run(tmp_path, no_torchrun_env):
+    proc = launch(WORKER, tmp_path, '--die-at', 1, nproc=2, timeout=120, check=False)
+    assert proc.returncode != 0
+    assert 'dying on purpose' in proc.stderr
+    assert not (tmp_path / 'rank0.json').exists()  # rank 0 did not finish as if nothing had happened
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('localhost', 0))
+        return s.getsockname()[1]
+
+
+def test_a_hanging_rank_times_out(tmp_path, no_torchrun_env):
+    "Without torchrun's watch: rank 1 joins, then sleeps; rank 0's first collective fails after the timeout (3 s)."
+    port = str(free_port())
+    procs = [subprocess.Popen([sys.executable, str(WORKER), str(tmp_path), '--stall', '--timeout', '3'],
+                              env={**os.environ, 'RANK': str(r), 'LOCAL_RANK': str(r), 'WORLD_SIZE': '2',
+                                   'MASTER_ADDR': 'localhost', 'MASTER_PORT': port, 'OMP_NUM_THREADS': '1'},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        _, err = procs[0].communicate(timeout=120)
+        assert procs[0].returncode != 0
+        assert 'DistributedError: rank 0: broadcasting the model failed' in err, err[-2000:]
+        assert 'did not join within the timeout' in err
+    finally:
+        for p in procs: p.kill(); p.wait()
+
+
+def test_exp_train_under_torchrun(tmp_path, no_torchrun_env):
+    out = tmp_path / 'run'
+    proc = launch('-m', 'exp.train', '--arch', 'mlp', '--epochs', 2, '--out', out, nproc=2, timeout=300)
+    ft.test_eq(rank_lines(proc.stdout, 1), [])  # rank 1 trains silently
+    lines = rank_lines(proc.stdout, 0)
+    assert ', 2 processes;' in lines[0] and sum('valid accuracy:' in l for l in lines) == 1
+    ft.test_eq(sorted(p.name for p in out.iterdir()), ['config.json', 'loss.png', 'lr.png', 'metrics.csv', 'model.pth'])
+    ft.test_eq(len((out / 'metrics.csv').read_text().splitlines()), 3)
+    ft.test_eq([p.name for p in tmp_path.iterdir()], ['run'])  # no partial folder left by any rank
+
+
+def test_exp_train_under_torchrun_refuses_a_batch_that_does_not_split(tmp_path, no_torchrun_env):
+    proc = launch('-m', 'exp.train', '--arch', 'mlp', '--bs', 33, '--out', tmp_path / 'run', nproc=2, timeout=120, check=False)
+    assert proc.returncode != 0
+    assert 'exp.train: error: the batch size 33 does not split evenly over 2 processes' in proc.stderr
+    assert '[rank 1] error: the batch size 33' in proc.stderr
+    assert not (tmp_path / 'run').exists()
+
+
+def test_exp_train_with_half_of_torchruns_environment_says_how_to_launch(tmp_path, no_torchrun_env):
+    proc = subprocess.run([sys.executable, '-m', 'exp.train', '--out', str(tmp_path / 'run')], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, 'WORLD_SIZE': '2'})
+    ft.test_eq(proc.returncode, 2)
+    ft.test_eq(len(proc.stderr.strip().splitlines()), 1)
+    assert 'RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not set' in proc.stderr and 'torchrun' in proc.stderr
+    assert not (tmp_path / 'run').exists()
