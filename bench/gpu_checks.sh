@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of the project, in one run on a CUDA machine: the CUDA unit tests, notebooks 08 and 09
-# with their `#| cuda` cells, and the mixed-precision benchmark. Writes logs to $OUT (default runs/gpu).
+# with their `#| cuda` cells, the mixed-precision benchmark, and the trainer with --fp16 auto, alone and
+# under torchrun (NCCL). Writes logs to $OUT (default runs/gpu).
 # A machine without this project's dependencies can get them as wheels in .whl/ (see README).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,9 +13,24 @@ if [ -d .whl ]; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} MPLBACKEND=Agg PYTHONUNBUFFERED=1 EXP_DATA=${EXP_DATA:-/tmp/exp-data}
 status=0
+TIMEFORMAT='wall %R s'
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu.txt"
 python3 -m pytest -q -p no:cacheprovider -rs tests/test_fp16.py tests/test_cnn.py 2>&1 | tee "$out/tests.txt" || status=1
 python3 -m pytest -q -p no:cacheprovider -rs tests/test_notebooks.py -k '08_cnn or 09_fp16' 2>&1 | tee "$out/notebooks.txt" || status=1
 python3 bench/fp16_gpu.py 2>&1 | tee "$out/fp16_gpu.txt" || status=1
+# the trainer on the GPU: --fp16 auto must pick fp16 there; then the same under torchrun (NCCL, one process per GPU)
+train_checks() {
+  local s=0 gpus
+  gpus=$(nvidia-smi -L | wc -l)
+  echo "# python -m exp.train --epochs 3 --fp16 auto"
+  time python3 -m exp.train --epochs 3 --fp16 auto --out "$out/run-single" || s=1
+  echo "# torchrun --standalone --nproc_per_node $gpus -m exp.train --epochs 3 --fp16 auto"
+  time python3 -m torch.distributed.run --standalone --nproc_per_node "$gpus" \
+    -m exp.train --epochs 3 --fp16 auto --out "$out/run-torchrun" || s=1
+  grep -H '"fp16"' "$out"/run-*/config.json
+  rm -rf "$out"/run-*
+  return $s
+}
+train_checks 2>&1 | grep -v '^W[0-9]' | tee "$out/train.txt" || status=1
 exit $status
