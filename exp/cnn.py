@@ -83,8 +83,11 @@ class DeviceCallback(Callback):
 
 # %% ../nbs/08_cnn.ipynb #3e8941f2
 def conv_layer(ni: int, nf: int, ks: int = 3, stride: int = 2, bn: bool = False) -> nn.Sequential:
-    "Convolution `ni` -> `nf` channels (padding ks//2, no bias when batch norm follows), ReLU, optional BatchNorm."
-    layers = [nn.Conv2d(ni, nf, ks, stride=stride, padding=ks // 2, bias=not bn), nn.ReLU()]
+    "Convolution `ni` -> `nf` channels (He init, padding ks//2, zero bias or none before batch norm), ReLU, optional BatchNorm."
+    conv = nn.Conv2d(ni, nf, ks, stride=stride, padding=ks // 2, bias=not bn)
+    nn.init.kaiming_normal_(conv.weight, nonlinearity='relu')  # fastai's init, not PyTorch's default: see below
+    if conv.bias is not None: nn.init.zeros_(conv.bias)
+    layers = [conv, nn.ReLU()]
     if bn: layers.append(nn.BatchNorm2d(nf))
     return nn.Sequential(*layers)
 

@@ -119,7 +119,7 @@ def test_mnist_sample_from_a_folder_without_threes(tmp_path):
 
 
 def test_simple_cnn_learns_the_sample(tmp_path, monkeypatch, capsys):
-    # seed 42, simple_cnn((1,16,16,2)), SGD lr 0.4, bs 64, 5 epochs: 0.975 measured; threshold 0.9
+    # seed 42, simple_cnn((1,16,16,2)), SGD lr 0.4, bs 64, 5 epochs: 0.945 measured (seeds 0-3: 0.915-0.975); threshold 0.9
     monkeypatch.setenv('EXP_DATA', str(tmp_path))
     set_seed(42)
     learn = Learner(mnist_sample(), simple_cnn((1, 16, 16, 2)), F.cross_entropy, lr=0.4, metrics=[accuracy])
