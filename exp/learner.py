@@ -47,6 +47,7 @@ def fit(self: Learner, epochs: int, cbs: Sequence[Callback] | None = None, resum
         state = self.load(resume)
         if state['epoch'] is None: raise ValueError(f"resume={str(resume)!r} was not saved during a fit: it has no epoch to resume after")
         start_epoch = min(state['epoch'] + 1, epochs)
+        cbs = [*listify(cbs), _ResumedRecords(state)]  # the table and the plots go on from the checkpoint's
     self.run = Runner(cbs=[Recorder(), ProgressCallback(self.display), *listify(cbs)])
     try: self.run.fit(epochs, self, start_epoch=start_epoch)
     except KeyboardInterrupt:
@@ -202,9 +203,34 @@ def save(self: Learner, path: str | os.PathLike) -> Path:
              'scaler': None if mp is None else {'loss_scale': mp.loss_scale, 'noskip': mp.noskip, 'skipped': mp.skipped},
              'epoch': run.epoch if in_fit else None, 'epochs': run.epochs if in_fit else None,
              'n_iter': run.n_iter if in_fit else None, 'rng': _rng_state(),
-             'samplers': [g.get_state() if isinstance(g, torch.Generator) else None for g in _samplers(self.data)]}
+             'samplers': [g.get_state() if isinstance(g, torch.Generator) else None for g in _samplers(self.data)],
+             **(_records(run) if in_fit else {'history': [], 'recorder': None})}
     _atomic_save(state, path)
     return path
+
+def _records(run: Runner) -> dict:
+    "What a fit has recorded so far: AvgStatsCallback's rows per epoch, the Recorder's lrs and losses per batch."
+    stats = next((cb for cb in run.cbs if isinstance(cb, AvgStatsCallback)), None)
+    rec = getattr(run, 'recorder', None)
+    losses = torch.stack(rec.losses).float().cpu() if rec is not None and rec.losses else torch.zeros(0)
+    return {'history': [dict(row) for row in stats.history] if stats is not None else [],
+            'recorder': None if rec is None else {'lrs': [torch.tensor(lrs, dtype=torch.float64) for lrs in rec.lrs],
+                                                  'losses': losses}}
+
+class _ResumedRecords(Callback):
+    "On a resumed fit, put back the epochs' rows and the batches' lrs and losses that the checkpoint recorded."
+    _order = 3  # after AvgStatsCallback and Recorder (0) have emptied theirs in begin_fit
+
+    def __init__(self, state: dict): self.history, self.recorder = state.get('history') or [], state.get('recorder')
+
+    def begin_fit(self):
+        stats = next((cb for cb in self.run.cbs if isinstance(cb, AvgStatsCallback)), None)
+        if stats is not None and self.history and list(self.history[0]) == stats.names:  # the same columns
+            stats.history[:0] = [dict(row) for row in self.history]
+        rec = getattr(self.run, 'recorder', None)
+        if rec is not None and self.recorder is not None and len(self.recorder['lrs']) == len(rec.lrs):
+            rec.lrs = [lrs.tolist() + new for lrs, new in zip(self.recorder['lrs'], rec.lrs)]
+            rec.losses = [*self.recorder['losses'].unbind(), *rec.losses]
 
 @patch
 def load(self: Learner, path: str | os.PathLike) -> dict:
