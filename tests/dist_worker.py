@@ -33,7 +33,9 @@ args = parser.parse_args()
 
 class SetEpoch(Callback):
     "The single-process run's stand-in for DistributedCallback's `set_epoch`."
-    def begin_epoch(self): self.data.train_dl.sampler.set_epoch(self.epoch)
+    def begin_epoch(self):
+        sampler = getattr(self.data.train_dl, 'sampler', None)  # learn.validate() fits with no training loader
+        if sampler is not None: sampler.set_epoch(self.epoch)
 
 
 class Die(Callback):
@@ -64,6 +66,6 @@ learn.fit_one_cycle(3, cbs=[SaveModelCallback(f'{args.out}/model.pth')])
 mp = getattr(learn.run, 'mixed_precision', None)
 result = {'history': [{k: v for k, v in row.items() if k != 'time'} for row in learn.run.avg_stats.history],
           'loss_scale': mp.loss_scale if mp else None, 'skipped': mp.skipped if mp else None,
-          'world_size': learn.world_size}
+          'world_size': learn.world_size, 'validate': learn.validate()}
 with open(f'{args.out}/rank{learn.rank}.json', 'w') as f: json.dump(result, f)
 shutdown()

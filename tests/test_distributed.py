@@ -123,7 +123,7 @@ def test_two_processes_train_like_one(single_run, tmp_path, no_torchrun_env):
     r0, r1, ref = results(tmp_path, 0), results(tmp_path, 1), results(single_run, 0)
     ft.test_eq(r0, r1)  # identical: all-reduced statistics, every rank computes the same averages
     ft.test_eq((r0['world_size'], ref['world_size']), (2, 1))
-    for row, ref_row in zip(r0['history'], ref['history']):
+    for row, ref_row in zip(r0['history'] + [r0['validate']], ref['history'] + [ref['validate']]):
         for k in row: assert abs(row[k] - ref_row[k]) < 1e-6, (k, row[k], ref_row[k])
     ft.test_eq(sorted(p.name for p in tmp_path.iterdir()), ['model.pth', 'rank0.json', 'rank1.json'])  # rank 0 saves
 
