@@ -19,6 +19,7 @@ from exp.distributed import (ENV_VARS, DistributedCallback, ShardedSampler, laun
 from exp.minibatch import Dataset, get_dls
 
 WORKER = Path(__file__).with_name('dist_worker.py')
+CPU_ONLY = {'CUDA_VISIBLE_DEVICES': ''}  # exp.train would take a GPU per process: two processes need two GPUs
 
 
 @settings(max_examples=300, deadline=None)
@@ -170,7 +171,7 @@ def test_a_hanging_rank_times_out(tmp_path, no_torchrun_env):
 
 def test_exp_train_under_torchrun(tmp_path, no_torchrun_env):
     out = tmp_path / 'run'
-    proc = launch('-m', 'exp.train', '--arch', 'mlp', '--epochs', 2, '--out', out, nproc=2, timeout=300)
+    proc = launch('-m', 'exp.train', '--arch', 'mlp', '--epochs', 2, '--out', out, nproc=2, timeout=300, env=CPU_ONLY)
     ft.test_eq(rank_lines(proc.stdout, 1), [])  # rank 1 trains silently
     lines = rank_lines(proc.stdout, 0)
     assert ', 2 processes;' in lines[0] and sum('valid accuracy:' in l for l in lines) == 1
@@ -180,7 +181,8 @@ def test_exp_train_under_torchrun(tmp_path, no_torchrun_env):
 
 
 def test_exp_train_under_torchrun_refuses_a_batch_that_does_not_split(tmp_path, no_torchrun_env):
-    proc = launch('-m', 'exp.train', '--arch', 'mlp', '--bs', 33, '--out', tmp_path / 'run', nproc=2, timeout=120, check=False)
+    proc = launch('-m', 'exp.train', '--arch', 'mlp', '--bs', 33, '--out', tmp_path / 'run', nproc=2, timeout=120,
+                  check=False, env=CPU_ONLY)
     assert proc.returncode != 0
     assert 'exp.train: error: the batch size 33 does not split evenly over 2 processes' in proc.stderr
     assert '[rank 1] error: the batch size 33' in proc.stderr
