@@ -119,10 +119,10 @@ def test_mnist_sample_from_a_folder_without_threes(tmp_path):
 
 
 def test_simple_cnn_learns_the_sample(tmp_path, monkeypatch, capsys):
-    # seed 42, simple_cnn((1,16,16,2)), SGD lr 0.4, bs 64, 5 epochs: 0.945 measured (seeds 0-3: 0.915-0.975); threshold 0.9
+    # seed 42, simple_cnn((1,16,16,2)), SGD lr 0.2, bs 64, 5 epochs: 0.925 measured (seeds 0-8: 0.93-0.97); threshold 0.9
     monkeypatch.setenv('EXP_DATA', str(tmp_path))
     set_seed(42)
-    learn = Learner(mnist_sample(), simple_cnn((1, 16, 16, 2)), F.cross_entropy, lr=0.4, metrics=[accuracy])
+    learn = Learner(mnist_sample(), simple_cnn((1, 16, 16, 2)), F.cross_entropy, lr=0.2, metrics=[accuracy])
     run = Runner()
     run.fit(5, learn)
     assert run.avg_stats.valid_stats.avg_stats[1] >= 0.9
