@@ -202,6 +202,7 @@ def to_distributed(self: Learner, backend: str | None = None, timeout: float = 3
                            "launch with `torchrun --nproc_per_node N script.py` (or `-m module`)")
     rank, local_rank, world = env['rank'], env['local_rank'], env['world_size']
     if not timeout > 0: raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)): raise TypeError(f"seed must be an int, got {seed!r}")
     bs, valid_bs = _batch_size(self.data.train_dl), _batch_size(self.data.valid_dl)
     if bs % world:
         raise ValueError(f"the batch size {bs} does not split evenly over {world} processes: give a multiple of {world} "
@@ -217,6 +218,7 @@ def to_distributed(self: Learner, backend: str | None = None, timeout: float = 3
         device = torch.device('cuda', local_rank)
         torch.cuda.set_device(device)
         for cb in devices: cb.device = device
+        if not devices: self.cbs.append(DeviceCallback(device))  # the model and each batch on this process's GPU
     backend = backend or ('nccl' if device.type == 'cuda' else 'gloo')
     if not dist.is_initialized():
         # device_id binds a CUDA process to its GPU (NCCL's barrier and collectives then need no guess)

@@ -91,6 +91,7 @@ def test_batch_that_does_not_split_is_refused_before_joining(monkeypatch):
     ft.test_fail(lambda: toy_learner(bs=32).to_distributed(), contains='the batch size 32 does not split evenly over 3')
     ft.test_fail(lambda: toy_learner(bs=3, n=2).to_distributed(), contains='2 training samples cannot be shared by 3')
     ft.test_fail(lambda: toy_learner(bs=3).to_distributed(timeout=0), contains='timeout must be > 0')
+    ft.test_fail(lambda: toy_learner(bs=3).to_distributed(seed=1.5), contains='seed must be an int')
     monkeypatch.setenv('RANK', 'x')
     ft.test_fail(lambda: toy_learner(bs=3).to_distributed(), contains="torchrun's variables must be integers")
 
