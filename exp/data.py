@@ -192,9 +192,8 @@ def fetch_archive(archive: dict, folder: str | os.PathLike) -> Path:
             for fname, (member, sha) in archive['members'].items():
                 try: data = z.read(member)
                 except KeyError: raise DownloadError(f"{archive['url']} has no {member}") from None
-                if hashlib.sha256(data).hexdigest() != sha:
-                    raise DownloadError(f"{member} in {archive['url']} has sha256 {hashlib.sha256(data).hexdigest()}, "
-                                        f"not the pinned {sha}")
+                got = hashlib.sha256(data).hexdigest()
+                if got != sha: raise DownloadError(f"{member} in {archive['url']} has sha256 {got}, not the pinned {sha}")
                 _atomic_write(folder / fname, data)
     except zipfile.BadZipFile as e: raise DownloadError(f"{archive['url']} is not a zip archive ({e})") from e
     finally: zip_path.unlink(missing_ok=True)

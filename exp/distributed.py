@@ -137,6 +137,7 @@ class DistributedCallback(Callback):
     def __init__(self, rank: int, world_size: int, device_ids: list[int] | None = None):
         self.rank, self.world_size, self.device_ids = rank, world_size, device_ids
         self.module = self.ddp = None
+        self.stats, self.printed = [], []  # the fit's AvgStatsCallbacks, and whether each printed before
 
     def __repr__(self) -> str: return f'{type(self).__name__}(rank {self.rank} of {self.world_size})'
 
@@ -176,7 +177,7 @@ class DistributedCallback(Callback):
     def after_fit(self):
         if self.module is not None: self.learn.model = self.module
         self.ddp = None  # its hooks go with it
-        for s, printed in zip(getattr(self, 'stats', []), getattr(self, 'printed', [])): s.print_stats = printed
+        for s, printed in zip(self.stats, self.printed): s.print_stats = printed
 
 # %% ../nbs/12_distributed.ipynb #65c86236
 def _batch_size(dl) -> int:
