@@ -52,20 +52,22 @@ class _BatchNormFunction(torch.autograd.Function):
         ctx.dims, ctx.n, ctx.affine = dims, n, (weight is not None, bias is not None)
         mean, var = mean.view(-1), var.view(-1)
         ctx.mark_non_differentiable(mean, var)
+        ctx.set_materialize_grads(False)  # the statistics get no gradient: no tensors of zeros for them
         return y, mean, var
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_y: Tensor, _grad_mean, _grad_var):
+    def backward(ctx, grad_y: Tensor | None, _grad_mean, _grad_var):
+        if grad_y is None: return None, None, None, None, None  # only the statistics were used: nothing flows back
         xc, invstd, scale = ctx.saved_tensors
         dims, n = ctx.dims, ctx.n
         grad_bias = grad_y.sum(dims, keepdim=True)
         grad_x = grad_y * xc
         grad_weight = grad_x.sum(dims, keepdim=True).mul_(invstd)  # sum(g * x_hat)
         # dL/dx = scale * (g - sum(g)/n - x_hat * sum(g * x_hat)/n), in grad_x's memory
-        torch.sub(grad_y, grad_bias / n, out=grad_x)
+        torch.sub(grad_y, grad_bias, alpha=1 / n, out=grad_x)
         grad_x *= scale
-        grad_x.addcmul_(xc, scale * invstd * grad_weight / -n)
+        grad_x.addcmul_(xc, scale * invstd * grad_weight, value=-1 / n)
         has_weight, has_bias = ctx.affine
         return grad_x, grad_weight.view(-1) if has_weight else None, grad_bias.view(-1) if has_bias else None, None, None
 
@@ -115,10 +117,11 @@ class _BatchNormBase(_BatchNorm):
         "Move the running statistics towards the batch's: torch's momentum convention, or a cumulative average."
         self.num_batches_tracked.add_(1)
         rm, rv = self.running_mean, self.running_var
-        # momentum None: weight 1/count, as a tensor of the statistics' dtype (float() of the count would make a GPU wait)
-        weight = self.momentum if self.momentum is not None else self.num_batches_tracked.to(rm.dtype).reciprocal()
-        rm.lerp_(mean.to(rm.dtype), weight)
-        rv.lerp_(unbiased_var.to(rv.dtype), weight)
+        if self.momentum is not None: torch._foreach_lerp_([rm, rv], [mean.to(rm.dtype), unbiased_var.to(rv.dtype)], self.momentum)
+        else:  # weight 1/count, as a tensor (float() of the count, as torch's module does, makes a GPU wait)
+            weight = self.num_batches_tracked.to(rm.dtype).reciprocal()
+            rm.lerp_(mean.to(rm.dtype), weight)
+            rv.lerp_(unbiased_var.to(rv.dtype), weight)
 
 class BatchNorm1d(_BatchNormBase):
     "Batch norm over (N, C) or (N, C, L) inputs, from scratch; the same arguments, buffers and state dict as `nn.BatchNorm1d`."
