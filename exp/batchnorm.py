@@ -21,10 +21,12 @@ __all__ = ['BatchNorm1d', 'BatchNorm2d', 'LayerNorm', 'GroupNorm', 'check_instan
 
 # %% ../nbs/08b_batchnorm.ipynb #2f6e9865
 def _check_positive_int(name: str, value) -> int:
+    "`value` as an int if it is a positive one (not a bool); else a ValueError naming `name`."
     if isinstance(value, bool) or not isinstance(value, Integral) or value < 1: raise ValueError(f"{name} must be a positive int, got {value!r}")
     return int(value)
 
 def _check_eps(eps) -> float:
+    "`eps` as a float if it is a number > 0; else a ValueError."
     if isinstance(eps, bool) or not isinstance(eps, Real) or not eps > 0: raise ValueError(f"eps must be a number > 0, got {eps!r}")
     return float(eps)
 
@@ -109,7 +111,8 @@ class _BatchNormBase(_BatchNorm):
             if weight is not None: scale = scale * weight
             shift = -self.running_mean.to(dtype) * scale
             if bias is not None: shift = shift + bias
-            y = torch.addcmul(shift.view(shape), xf, scale.view(shape))
+            y = xf * scale.view(shape)
+            y += shift.view(shape)
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
     @torch.no_grad()

@@ -21,7 +21,7 @@ _Figure = Any
 
 # %% auto #0
 __all__ = ['Hook', 'Hooks', 'append_stats', 'ActivationStats', 'init_cnn', 'GeneralRelu', 'exercise', 'check_he_std',
-           'check_zero_fraction', 'check_relu_moments']
+           'check_zero_fraction', 'check_fan_in']
 
 # %% ../nbs/08a_hooks_init.ipynb #f18698f7
 class Hook:
@@ -115,7 +115,8 @@ class ActivationStats(Callback):
 
     def _stacked(self, i: int) -> Tensor:
         "Record `i` (0 means, 1 stds, 2 histograms) of every hooked layer, as one CPU tensor (layers, batches, ...)."
-        if self.hooks is None or not self.hooks[0].stats[0]: raise ValueError("no activations recorded yet: fit with this callback first")
+        if self.hooks is None or not getattr(self.hooks[0], 'stats', ([],))[0]:  # no fit yet, or one without a training batch
+            raise ValueError("no activations recorded yet: fit with this callback first")
         return torch.stack([torch.stack(h.stats[i]) for h in self.hooks]).cpu()
 
     @property
@@ -243,12 +244,13 @@ def check_zero_fraction(zero_fraction: Callable) -> None:
     assert all(math.isclose(v, w, abs_tol=1e-6) for v, w in zip(values, [0.5, 1.])), (
         f"hook.zeros is {values}, expected [0.5, 1.0]: the fraction of the output's values that are exactly zero")
 
-@exercise('Exercise 3, relu_moments')
-def check_relu_moments(relu_moments: Callable) -> None:
-    "Check `relu_moments()`, the mean and std of relu(z) for z ~ N(0, 1)."
-    got = relu_moments()
-    assert isinstance(got, tuple) and len(got) == 2, f"return a tuple (mean, std), got {got!r}"
-    mean, std = (float(v) for v in got)
-    want_mean, want_std = (2 * math.pi) ** -0.5, math.sqrt(0.5 - 1 / (2 * math.pi))
-    assert abs(mean - want_mean) < 2e-3, f"mean {mean:.4f} is off: E[relu(z)] is the integral of z * exp(-z**2/2) / sqrt(2*pi) over z > 0"
-    assert abs(std - want_std) < 2e-3, f"std {std:.4f} is off: E[relu(z)**2] = 1/2 (half of var(z)), and std**2 = E[x**2] - E[x]**2"
+@exercise('Exercise 3, fan_in')
+def check_fan_in(fan_in: Callable) -> None:
+    "Check `fan_in(layer)` against the fan-in torch's init functions use, for linear and (grouped) convolution layers."
+    layers = [nn.Linear(300, 10), nn.Conv2d(16, 32, 3), nn.Conv2d(3, 8, (5, 3)), nn.Conv1d(12, 24, 7), nn.Conv2d(32, 64, 3, groups=4)]
+    for layer in layers:
+        got = fan_in(layer)
+        want = nn.init._calculate_fan_in_and_fan_out(layer.weight)[0]
+        assert got == want, (f"fan_in({layer}) returned {got!r}, expected {want}. Hint: count the inputs that one output value "
+                             "sums over: for a convolution, its input channels (in a grouped convolution, only its group's) "
+                             "times the kernel's area")

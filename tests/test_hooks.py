@@ -11,8 +11,8 @@ from torch import nn
 
 from exp.callbacks import Callback, DataBunch, Learner, Runner
 from exp.data import set_seed
-from exp.hooks import (ActivationStats, GeneralRelu, Hook, Hooks, append_stats, check_he_std, check_relu_moments,
-                       check_zero_fraction, exercise, init_cnn)
+from exp.hooks import (ActivationStats, GeneralRelu, Hook, Hooks, append_stats, check_fan_in, check_he_std, check_zero_fraction,
+                       exercise, init_cnn)
 from exp.minibatch import DataLoader, Dataset, Sampler
 
 matplotlib.use('Agg')
@@ -186,6 +186,9 @@ def test_activation_stats_arguments_are_checked():
     with pytest.raises(ValueError, match='bins must be a positive int'): ActivationStats(bins=True)
     with pytest.raises(ValueError, match='max_abs must be a finite number > 0, got -1'): ActivationStats(max_abs=-1)
     with pytest.raises(ValueError, match='fit with this callback first'): ActivationStats().stds
+    stats = ActivationStats()
+    fit_with(stats, epochs=0)  # a fit without a training batch
+    with pytest.raises(ValueError, match='fit with this callback first'): stats.means
     model = mlp()
     with pytest.raises(ValueError, match='found no modules to hook'): fit_with(ActivationStats(nn.Conv2d), model=model)
     ft.test_eq(n_hooks(model), 0)
@@ -262,14 +265,14 @@ def wrong_zero_fraction(hook, module, inp, out):  # records eval batches too
     if not hasattr(hook, 'zeros'): hook.zeros = []
     hook.zeros.append((out == 0).float().mean())
 
-def ref_relu_moments(): return (2 * math.pi) ** -0.5, math.sqrt(0.5 - 1 / (2 * math.pi))
-def wrong_relu_moments(): return (2 * math.pi) ** -0.5, math.sqrt(0.5)  # the second moment, not the std
+def ref_fan_in(layer): return layer.weight[0].numel()  # one output's weights: in_channels / groups x kernel area
+def wrong_fan_in(layer): return layer.weight.shape[1] * (layer.weight[0, 0].numel() if layer.weight.dim() > 2 else 1) * getattr(layer, 'groups', 1)  # all channels
 
 
 @pytest.mark.parametrize('check, ref, wrong, hint', [
     (check_he_std, ref_he_std, wrong_he_std, 'the layer multiplies the variance'),
     (check_zero_fraction, ref_zero_fraction, wrong_zero_fraction, 'record training batches only'),
-    (check_relu_moments, ref_relu_moments, wrong_relu_moments, r'std\*\*2 = E\[x\*\*2\] - E\[x\]\*\*2')])
+    (check_fan_in, ref_fan_in, wrong_fan_in, "only its group's")])
 def test_exercise_checks(check, ref, wrong, hint, capsys):
     assert check(ref) is True
     assert 'correct' in capsys.readouterr().out
