@@ -71,7 +71,9 @@ def _move_state(opt: torch.optim.Optimizer, src: list[Tensor], dst: list[Tensor]
     elif from_flat:
         state = opt.state.pop(src[0])
         split = {k: _slices(v, dst) for k, v in state.items() if _per_param(v, src[0], k)}
-        for i, p in enumerate(dst): opt.state[p] = {k: split[k][i].clone() if k in split else v for k, v in state.items()}
+        for i, p in enumerate(dst):  # a step count is copied too: one tensor shared by all would be counted once per parameter
+            opt.state[p] = {k: split[k][i].clone() if k in split else v.clone() if isinstance(v, Tensor) else v
+                            for k, v in state.items()}
     else:
         for s, d in zip(src, dst):
             if s in opt.state: opt.state[d] = opt.state.pop(s)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 from fastcore.script import Param, call_parse
-from torch import nn, optim
+from torch import nn
 
 from .callbacks import DataBunch, Learner
 from .cnn import DeviceCallback, Lambda, default_device, flatten, get_cnn_model, simple_cnn
@@ -29,6 +29,7 @@ from .data import DATASETS, KNOWN_DATA, DownloadError, get_data, normalize, set_
 from .learner import SaveModelCallback
 from .loss import accuracy
 from .minibatch import Dataset, get_dls
+from .optimizers import SGD
 
 # %% auto #0
 __all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'CHECKPOINT', 'TrainConfig', 'check_config', 'load_databunch', 'build_model',
@@ -140,7 +141,7 @@ def build_learner(cfg: TrainConfig, data: DataBunch | None = None) -> Learner:
     data = load_databunch(cfg.data, cfg.bs) if data is None else data
     device = default_device()
     learn = Learner(data, build_model(cfg.arch, data), lr=cfg.lr or DEFAULT_LRS[cfg.arch],
-                    opt_func=partial(optim.SGD, momentum=0.9), metrics=[accuracy], cbs=[DeviceCallback(device)])
+                    opt_func=partial(SGD, momentum=0.9), metrics=[accuracy], cbs=[DeviceCallback(device)])
     mode = resolve_fp16(cfg.fp16, device)
     if mode == 'on': learn.to_fp16()
     elif mode == 'bf16': learn.to_bf16()

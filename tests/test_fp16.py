@@ -1,4 +1,6 @@
 """Unit tests for exp.fp16: MixedPrecision against torch.amp.GradScaler, on the CPU (and on CUDA where present)."""
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,6 +12,7 @@ from exp.data import set_seed
 from exp.fp16 import MixedPrecision, get_master, grads_overflow, master_to_model, model_grads_to_master, model_to_half, to_bf16, to_fp16
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler
+from exp.optimizers import SGD, Adam
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='no CUDA device here')
 
@@ -74,12 +77,17 @@ def gradscaler_scales(n_batches, inject, init_scale, interval, device='cpu'):
     return scales
 
 
+OPT_FUNCS = {'sgd': partial(SGD, momentum=0.9), 'adam': lambda ps, lr: Adam(ps, lr=1e-2)}
+
+
+@pytest.mark.parametrize('opt_func', OPT_FUNCS.values(), ids=OPT_FUNCS.keys())
 @pytest.mark.parametrize('flat_master', [False, True])
 @pytest.mark.parametrize('value', [float('inf'), float('nan')])
-def test_scale_and_skipped_steps_match_gradscaler(flat_master, value):
+def test_scale_and_skipped_steps_match_gradscaler(flat_master, value, opt_func):
+    # on a skipped step nothing moves: weights, momentum buffers, Adam's averages and its step count
     inject = [0, 3, 4, 9, 10, 11, 15]
     set_seed(0)
-    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9))
+    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=opt_func)
     to_fp16(learn, loss_scale=2.**8, max_noskip=3, flat_master=flat_master)
     run = Runner(cbs=[InjectInf(inject, value), Trace()])
     run.fit(1, learn)  # 15 training batches
@@ -132,38 +140,57 @@ def test_model_is_fp32_with_master_weights_after_fit_and_after_an_exception():
         assert len(opt_params) == 6 and all(a is b for a, b in zip(opt_params, learn.model.parameters()))
 
 
-def test_optimizer_state_kept_across_the_switch():
+def opt_state(learn):
+    "A copy of the optimizer's state of each of the model's parameters."
+    return [{k: v.clone() for k, v in learn.opt.state[p].items()} for p in learn.model.parameters()]
+
+
+def assert_same_states(got, want):
+    for a, b in zip(got, want, strict=True):
+        ft.test_eq(sorted(a), sorted(b))
+        for k in a: assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize('opt_func', OPT_FUNCS.values(), ids=OPT_FUNCS.keys())
+def test_optimizer_state_kept_across_the_switch(opt_func):
     set_seed(0)
-    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9))
-    Runner().fit(1, learn)  # fp32: momentum buffers exist now
-    buffers = {id(p): learn.opt.state[p]['momentum_buffer'].clone() for p in learn.model.parameters()}
+    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=opt_func)
+    Runner().fit(1, learn)  # fp32: momentum buffers, Adam's averages and step counts exist now
+    before = opt_state(learn)
 
     class Peek(Callback):
         _order = 100
         def begin_fit(self):
             masters = [p for pg in self.opt.param_groups for p in pg['params']]
-            self.seen = [self.opt.state[m]['momentum_buffer'].clone() for m in masters]
+            self.seen = [{k: v.clone() for k, v in self.opt.state[m].items()} for m in masters]
 
     peek = Peek()
     to_fp16(learn, flat_master=False)
     run = Runner(cbs=[peek])
     run.fit(0, learn)  # begin_fit and after_fit only
-    for seen, p in zip(peek.seen, learn.model.parameters()): ft.test_eq(seen, buffers[id(p)])
-    for p in learn.model.parameters(): ft.test_eq(learn.opt.state[p]['momentum_buffer'], buffers[id(p)])
+    for states in (peek.seen, opt_state(learn)): assert_same_states(states, before)
 
 
-def test_flat_master_keeps_state_and_mixed_dtypes():
+@pytest.mark.parametrize('opt_func', OPT_FUNCS.values(), ids=OPT_FUNCS.keys())
+def test_flat_master_keeps_state_and_mixed_dtypes(opt_func):
     set_seed(0)
-    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9))
+    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=opt_func)
     Runner().fit(1, learn)
-    buffers = [learn.opt.state[p]['momentum_buffer'].clone() for p in learn.model.parameters()]
+    before = opt_state(learn)
     to_fp16(learn, flat_master=True)
     run = Runner()
     run.fit(0, learn)
-    for p, b in zip(learn.model.parameters(), buffers): ft.test_eq(learn.opt.state[p]['momentum_buffer'], b)
+    assert_same_states(opt_state(learn), before)
     # the one group mixes fp16 weights and fp32 batch norm parameters; train with it
     run.fit(1, learn)
     ft.test_eq({p.dtype for p in learn.model.parameters()}, {torch.float32})
+    if 'step' in before[0]:
+        # each parameter got its own step count back: one shared tensor would be counted once per parameter
+        steps = [learn.opt.state[p]['step'] for p in learn.model.parameters()]
+        assert len({id(s) for s in steps}) == len(steps)
+        learn.cbs = []
+        Runner().fit(1, learn)
+        ft.test_eq([float(learn.opt.state[p]['step']) for p in learn.model.parameters()], [3. * len(learn.data.train_dl)] * 6)
 
 
 def test_flat_master_refuses_frozen_parameters():
@@ -178,7 +205,7 @@ def test_frozen_parameters_stay_put_without_flat_master():
     model = bn_mlp()
     model[0].weight.requires_grad_(False)
     frozen = model[0].weight.detach().clone()
-    learn = to_fp16(Learner(make_data(), model, lr=0.1, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, weight_decay=0.1)))
+    learn = to_fp16(Learner(make_data(), model, lr=0.1, opt_func=partial(SGD, weight_decay=0.1)))
     Runner().fit(1, learn)
     ft.test_eq(learn.model[0].weight.detach(), frozen)  # exactly: the masters were copied before rounding to fp16
 

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 import torch
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
-from torch import nn, optim
+from torch import nn
 
 import exp.learner  # noqa: F401  (patches the Learner)
 from exp.callbacks import Callback, DataBunch, Learner
@@ -16,6 +16,7 @@ from exp.fp16 import MixedPrecision
 from exp.learner import SaveModelCallback, suggest_lr
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler
+from exp.optimizers import SGD, Adam
 
 
 def make_data(n=480, bs=32, seed=0):
@@ -31,7 +32,7 @@ def make_data(n=480, bs=32, seed=0):
 def make_learner(seed=0, fp16=False, metrics=(accuracy,)):
     set_seed(seed)
     learn = Learner(make_data(), nn.Sequential(nn.Linear(20, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)),
-                    metrics=list(metrics), lr=0.2, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9))
+                    metrics=list(metrics), lr=0.2, opt_func=lambda ps, lr: SGD(ps, lr=lr, momentum=0.9))
     learn.display = 'off'
     return learn.to_fp16(loss_scale=2.**10, max_noskip=5) if fp16 else learn
 
@@ -68,7 +69,7 @@ def test_fit_one_cycle_schedules_lr_and_momentum():
 
 def test_fit_one_cycle_with_adam_schedules_beta1():
     learn = make_learner()
-    learn.opt = optim.Adam(learn.model.parameters(), lr=0.01)
+    learn.opt = Adam(learn.model.parameters(), lr=0.01)
     learn.fit_one_cycle(1, max_lr=0.01)
     beta1 = learn.opt.param_groups[0]['betas'][0]
     assert 0.9 < beta1 < 0.95  # moved from Adam's 0.9, back towards 0.95 at the end of the cycle

@@ -289,6 +289,11 @@ class Hypers(Callback):
         if self.in_train: self.seen.append({k: v for k, v in self.opt.param_groups[0].items() if k != 'params'})
 
 
+def test_learner_default_is_our_sgd():
+    learn = Learner(make_data(), mlp(), lr=0.2)
+    assert type(learn.opt) is SGD and learn.opt.param_groups[0]['lr'] == 0.2
+
+
 @pytest.mark.parametrize('opt_func, pname, idx, ref', [
     (partial(SGD, momentum=0.9), 'momentum', None, partial(optim.SGD, momentum=0.9, foreach=False)),
     (SGD, 'momentum', None, partial(optim.SGD, foreach=False)),  # momentum 0 at first: one-cycle turns it on
