@@ -25,9 +25,11 @@ def _check(name: str, value, ok: Callable[[float], bool], rule: str, where: str)
     if not ok(value): raise ValueError(f"{where}{name} must be {rule}, got {value!r}")
 
 def _check_non_negative(name: str, value, where: str) -> None:
+    "Raise naming `name` unless `value` is a finite real number >= 0."
     _check(name, value, lambda v: 0 <= v < math.inf, '>= 0 and finite', where)
 
 def _check_below_one(name: str, value, where: str) -> None:
+    "Raise naming `name` unless `value` is a real number in [0, 1)."
     _check(name, value, lambda v: 0 <= v < 1, 'in [0, 1)', where)
 
 def _check_sgd(hypers: dict, where: str = '') -> None:

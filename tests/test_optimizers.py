@@ -303,7 +303,12 @@ def test_one_cycle_schedules_our_optimizers_like_torchs(opt_func, pname, idx, re
     for f in (opt_func, ref):
         set_seed(0)
         learn = Learner(make_data(), mlp(), lr=0.05, opt_func=f)
-        Runner(cbs=[*sched_1cycle(0.05, mom_pname=pname, mom_idx=idx), Hypers()]).fit(2, learn)
-        runs.append(learn)
-    ours, theirs = runs
+        hypers = Hypers()
+        Runner(cbs=[*sched_1cycle(0.05, mom_pname=pname, mom_idx=idx), hypers]).fit(2, learn)
+        moms = [h[pname] if idx is None else h[pname][idx] for h in hypers.seen]
+        runs.append((learn, moms, [h['lr'] for h in hypers.seen]))
+    (ours, moms, lrs), (theirs, ref_moms, ref_lrs) = runs
+    ft.test_eq((moms, lrs), (ref_moms, ref_lrs))
+    ft.test_close((moms[0], min(moms), max(lrs)), (0.95, 0.85, 0.05), eps=0.01)  # the schedule reached the optimizer
+    if pname == 'momentum': assert all('momentum_buffer' in ours.opt.state[p] for p in ours.model.parameters())
     for p, q in zip(ours.model.parameters(), theirs.model.parameters()): assert torch.equal(p, q)
