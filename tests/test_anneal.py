@@ -212,7 +212,7 @@ def test_param_scheduler_one_function_per_group_and_momentum():
     learn = make_learner(lr=0.1)
     model = learn.model
     learn.opt = SGD([{'params': model[0].parameters()}, {'params': model[2].parameters(), 'lr': 0.2}],
-                          lr=0.1, momentum=0.9)
+                    lr=0.1, momentum=0.9)
     seen = []
 
     class Watch(Callback):

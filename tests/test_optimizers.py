@@ -132,6 +132,27 @@ def test_parameter_that_gets_a_gradient_only_sometimes():
             for k, v in o1.state[p].items(): assert torch.equal(v, o2.state[q][k])
 
 
+def test_a_group_mixing_dtypes():
+    # the foreach lists are not split by dtype (nor device): the ops fall back to their loop, with the same numbers in
+    # float32 and float64; in float16, foreach ops round some scalar products differently from torch's loop (as torch's
+    # own foreach path does), so there the check is to half's precision
+    def run(make):
+        ps = [nn.Parameter(torch.linspace(-1, 1, 5, dtype=dtype)) for dtype in (torch.float32, torch.float64, torch.float16)]
+        opt = make(ps)
+        for step in range(5):
+            for p in ps: p.grad = (torch.arange(5.) - step + 0.5).to(p.dtype)
+            opt.step()
+        return ps, opt
+    for ours, theirs in [(partial(SGD, lr=0.1, momentum=0.9, weight_decay=0.1), partial(optim.SGD, lr=0.1, momentum=0.9, weight_decay=0.1, foreach=False)),
+                         (partial(AdamW, lr=0.1), partial(optim.AdamW, lr=0.1, foreach=False))]:
+        (ps, o1), (qs, o2) = run(ours), run(theirs)
+        for p, q in zip(ps[:2], qs[:2]):
+            assert p.dtype == q.dtype and torch.equal(p, q)
+            for k, v in o1.state[p].items(): assert torch.equal(v, o2.state[q][k])
+        assert ps[2].dtype == torch.float16
+        ft.test_close(ps[2].float(), qs[2].float(), eps=1e-2)
+
+
 @settings(max_examples=25, deadline=None)
 @given(lr=st.floats(0, 0.5), momentum=st.floats(0, 0.99), dampening=st.floats(0, 1), weight_decay=st.floats(0, 0.1),
        nesterov=st.booleans())
