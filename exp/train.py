@@ -32,13 +32,14 @@ from .minibatch import Dataset, get_dls
 from .optimizers import SGD
 
 # %% auto #0
-__all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'CHECKPOINT', 'TrainConfig', 'check_config', 'load_databunch', 'build_model',
-           'resolve_fp16', 'build_learner', 'check_out', 'Trainer', 'main']
+__all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'ONE_CYCLE', 'CHECKPOINT', 'TrainConfig', 'check_config', 'load_databunch',
+           'build_model', 'resolve_fp16', 'build_learner', 'check_out', 'Trainer', 'main']
 
 # %% ../nbs/11_train.ipynb #3a673a38
 ARCHS = ('mlp', 'cnn', 'simple_cnn')
 FP16_MODES = ('auto', 'on', 'off', 'bf16')
 DEFAULT_LRS = {'mlp': 0.03, 'cnn': 0.1, 'simple_cnn': 0.3}  # measured: see above
+ONE_CYCLE = dict(div_factor=10., final_div=1e5)  # from a tenth of the peak lr down to 1e-5 of it: the measured schedule
 CHECKPOINT = 'model.pth'
 
 @dataclass
@@ -250,7 +251,7 @@ class Trainer:
     def _train(self, lr: float, cbs: list) -> None:
         "Fit the learner as the options say, with callbacks `cbs`."
         cfg, learn = self.cfg, self.learn
-        if cfg.one_cycle: learn.fit_one_cycle(cfg.epochs, max_lr=lr, cbs=cbs, resume=cfg.resume)
+        if cfg.one_cycle: learn.fit_one_cycle(cfg.epochs, max_lr=lr, cbs=cbs, resume=cfg.resume, **ONE_CYCLE)
         else: learn.fit(cfg.epochs, cbs=cbs, resume=cfg.resume)
         self.history = learn.run.avg_stats.history
 

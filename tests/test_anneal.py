@@ -272,6 +272,23 @@ def test_recorder_counts_and_losses():
     ft.test_eq(len(rec.losses), 3)
 
 
+def test_recorder_state_round_trip_and_checks():
+    rec = Recorder()
+    Runner(cbs=[rec]).fit(2, make_learner(make_data(n_train=12, bs=4), lr=0.1))
+    state = rec.state_dict()
+    ft.test_eq((state['lrs'][0].dtype, state['losses'].dtype, state['losses'].shape), (torch.float64, torch.float32, (6,)))
+    again = Recorder()
+    again.load_state_dict(state)
+    ft.test_eq(again.lrs, rec.lrs)
+    ft.test_eq(torch.stack(again.losses), torch.stack(rec.losses))
+    with pytest.raises(ValueError, match="holds 'lrs'"): again.load_state_dict({'lrs': state['lrs'], 'losses': torch.zeros(2)})
+    two_groups = Recorder()
+    two_groups.lrs = [[], []]  # as begin_fit leaves it for an optimizer of two groups
+    with pytest.raises(ValueError, match='recorded 1 parameter groups; this optimizer has 2'): two_groups.load_state_dict(state)
+    ft.test_eq(Recorder().state_dict()['losses'].shape, (0,))  # nothing recorded yet
+    ft.test_eq(ParamScheduler('lr', sched_no(1, 1)).state_dict(), {})  # its position is the runner's: nothing to keep
+
+
 def test_recorder_counts_the_batch_that_cancels():
     class StopAt(Callback):
         def after_step(self):
