@@ -234,7 +234,7 @@ def test_sparse_gradient_is_refused():
                          ids=['sgd', 'adam', 'adamw'])
 def test_state_dict_round_trip_and_torchs_state(ours, theirs):
     "Half a run, a state_dict through torch.save / torch.load(weights_only=True), the other half: the same as one run."
-    def resumed(first_opt):
+    def resumed(first_opt, second_opt):
         set_seed(0)
         model = mlp()
         opt = first_opt(model.parameters())
@@ -242,15 +242,16 @@ def test_state_dict_round_trip_and_torchs_state(ours, theirs):
         buffer = io.BytesIO()
         torch.save(opt.state_dict(), buffer)
         buffer.seek(0)
-        second = ours(model.parameters())
+        second = second_opt(model.parameters())
         second.load_state_dict(torch.load(buffer, weights_only=True))
         train(model, second, STEPS // 2)
         return model
     set_seed(0)
     straight = mlp()
     train(straight, ours(straight.parameters()))
-    for first in (ours, theirs):  # our own state, and torch's: its state names and layout are ours
-        for p, q in zip(resumed(first).parameters(), straight.parameters()): assert torch.equal(p, q)
+    # our own state, torch's into ours, and ours into torch's: the state names and layout are the same
+    for first, second in ((ours, ours), (theirs, ours), (ours, theirs)):
+        for p, q in zip(resumed(first, second).parameters(), straight.parameters()): assert torch.equal(p, q)
 
 
 # ---------------------------------------------------------------- bad input
