@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import math
-from functools import partial, wraps
+from functools import partial
 from numbers import Integral, Real
 from typing import Any, Callable, Iterable, Sequence
 
@@ -14,14 +14,15 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from .backprop import ExerciseError, exercise
 from .callbacks import Callback
 
 # matplotlib's Figure, named for the type hints only: matplotlib is imported when a plot is drawn (as in exp.anneal)
 _Figure = Any
 
 # %% auto #0
-__all__ = ['Hook', 'Hooks', 'append_stats', 'ActivationStats', 'init_cnn', 'GeneralRelu', 'exercise', 'check_he_std',
-           'check_zero_fraction', 'check_fan_in']
+__all__ = ['Hook', 'Hooks', 'append_stats', 'ActivationStats', 'init_cnn', 'GeneralRelu', 'check_he_std', 'check_zero_fraction',
+           'check_fan_in']
 
 # %% ../nbs/08a_hooks_init.ipynb #f18698f7
 class Hook:
@@ -204,33 +205,23 @@ class GeneralRelu(nn.Module):
     def extra_repr(self) -> str: return f'leak={self.leak}, sub={self.sub}, maxv={self.maxv}'
 
 # %% ../nbs/08a_hooks_init.ipynb #7853c5e7
-def exercise(title: str) -> Callable:
-    "Decorator: `check(answer)` becomes an exercise check that prints 'correct', fails with its hint, or says 'not done yet'."
-    def decorate(check: Callable) -> Callable:
-        @wraps(check)
-        def run_check(answer) -> bool:
-            try: check(answer)
-            except NotImplementedError:
-                print(f"{title}: not done yet (replace `raise NotImplementedError` with your answer, then run the cell again)")
-                return False
-            print(f"{title}: correct")
-            return True
-        return run_check
-    return decorate
-
-@exercise('Exercise 1, he_std')
+@exercise
 def check_he_std(he_std: Callable) -> None:
-    "Check `he_std(fan_in, leak)` against He's formula for several layers."
+    "Exercise 1: `he_std(fan_in, leak)` is the std of He's init for `fan_in` inputs and a leaky ReLU of slope `leak`."
     for fan_in, leak in [(25, 0.), (144, 0.), (288, 0.1), (1000, 0.5)]:
         got = he_std(fan_in, leak)
         want = math.sqrt(2 / ((1 + leak ** 2) * fan_in))
-        assert isinstance(got, Real) and math.isclose(got, want, rel_tol=1e-6), (
-            f"he_std({fan_in}, {leak}) returned {got!r}, expected {want:.6f}. Hint: the layer multiplies the variance "
-            "by fan_in * std**2 * (fraction of the variance the leaky ReLU keeps); that product must be 1.")
+        if isinstance(got, Tensor) and got.numel() == 1: got = got.item()
+        if isinstance(got, bool) or not isinstance(got, Real): raise ExerciseError(f"he_std({fan_in}, {leak}) should be a number, got {got!r}")
+        if math.isclose(got, want, rel_tol=1e-6): continue
+        if math.isclose(got, math.sqrt(2 / fan_in), rel_tol=1e-6):
+            raise ExerciseError(f"he_std({fan_in}, {leak}) = {got:.6g} is the std for a plain ReLU: a leaky one keeps (1 + leak**2) / 2 of the variance, not 1/2")
+        raise ExerciseError(f"he_std({fan_in}, {leak}) = {got:.6g} is wrong, it should be {want:.6g}. Hint: the layer multiplies the "
+                            "variance by fan_in * std**2 * (the share of it the leaky ReLU keeps); that product must be 1")
 
-@exercise('Exercise 2, zero_fraction')
+@exercise
 def check_zero_fraction(zero_fraction: Callable) -> None:
-    "Check the hook function `zero_fraction` on a ReLU with known inputs, in training and in eval mode."
+    "Exercise 2: the hook function `zero_fraction` appends, per training batch, the fraction of exact zeros to `hook.zeros`."
     relu = nn.ReLU()
     x = torch.tensor([[-1., 2., 0., 3.], [1., -2., -3., 4.]])  # half of the outputs are zero
     with Hook(relu, zero_fraction) as hook:
@@ -238,19 +229,21 @@ def check_zero_fraction(zero_fraction: Callable) -> None:
         relu.eval(); relu(x); relu.train()  # an eval batch: not recorded
         relu(-x.abs())  # all zero
     got = getattr(hook, 'zeros', None)
-    assert isinstance(got, list), "store the records in a list hook.zeros (create it on the first call)"
-    assert len(got) == 2, f"hook.zeros holds {len(got)} records after 2 training batches and 1 eval batch: record training batches only (module.training)"
+    if not isinstance(got, list): raise ExerciseError("store the records in a list hook.zeros (create it on the first call)")
+    if len(got) != 2:
+        raise ExerciseError(f"hook.zeros holds {len(got)} records after 2 training batches and 1 eval batch: "
+                            "record the training batches only (module.training)")
     values = [float(v) for v in got]
-    assert all(math.isclose(v, w, abs_tol=1e-6) for v, w in zip(values, [0.5, 1.])), (
-        f"hook.zeros is {values}, expected [0.5, 1.0]: the fraction of the output's values that are exactly zero")
+    if not all(math.isclose(v, w, abs_tol=1e-6) for v, w in zip(values, [0.5, 1.])):
+        raise ExerciseError(f"hook.zeros is {values}, should be [0.5, 1.0]: the fraction of the output's values that are exactly zero")
 
-@exercise('Exercise 3, fan_in')
+@exercise
 def check_fan_in(fan_in: Callable) -> None:
-    "Check `fan_in(layer)` against the fan-in torch's init functions use, for linear and (grouped) convolution layers."
-    layers = [nn.Linear(300, 10), nn.Conv2d(16, 32, 3), nn.Conv2d(3, 8, (5, 3)), nn.Conv1d(12, 24, 7), nn.Conv2d(32, 64, 3, groups=4)]
-    for layer in layers:
+    "Exercise 3: `fan_in(layer)` is the number of inputs one output of a linear or (grouped) convolution layer sums over."
+    for layer in [nn.Linear(300, 10), nn.Conv2d(16, 32, 3), nn.Conv2d(3, 8, (5, 3)), nn.Conv1d(12, 24, 7), nn.Conv2d(32, 64, 3, groups=4)]:
         got = fan_in(layer)
         want = nn.init._calculate_fan_in_and_fan_out(layer.weight)[0]
-        assert got == want, (f"fan_in({layer}) returned {got!r}, expected {want}. Hint: count the inputs that one output value "
-                             "sums over: for a convolution, its input channels (in a grouped convolution, only its group's) "
-                             "times the kernel's area")
+        if got != want:
+            raise ExerciseError(f"fan_in({layer}) is {got!r}, should be {want}. Hint: count the inputs that one output value sums "
+                                "over: for a convolution, its input channels (in a grouped convolution, only its group's) "
+                                "times the kernel's area")

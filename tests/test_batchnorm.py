@@ -1,4 +1,4 @@
-"""Unit tests for exp.batchnorm: BatchNorm1d, BatchNorm2d, LayerNorm and GroupNorm against PyTorch's, and the exercise checks."""
+"""Unit tests for exp.batchnorm: BatchNorm1d, BatchNorm2d, LayerNorm and GroupNorm against PyTorch's (its exercises: test_exercises.py)."""
 import copy
 import math
 
@@ -9,8 +9,7 @@ from fastcore import test as ft  # fastcore.test.test_eq would be collected by p
 from hypothesis import given, settings, strategies as st
 from torch import nn
 
-from exp.batchnorm import (BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, check_fold_bn, check_instance_norm,
-                           check_running_var_after)
+from exp.batchnorm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
 from exp.data import set_seed
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -278,45 +277,3 @@ def test_groupnorm_special_cases_and_state_dicts():
     (lambda: LayerNorm((2, 4))(torch.randn(4)), r'needs inputs ending in \[2, 4\]')])
 def test_layer_and_group_norm_bad_input(make, message):
     with pytest.raises(ValueError, match=message): make()
-
-
-# ---------------------------------------------------------------- the exercises' checks
-
-def ref_instance_norm(x, eps=1e-5):
-    mean, var = x.mean((2, 3), keepdim=True), x.var((2, 3), keepdim=True, unbiased=False)
-    return (x - mean) / (var + eps).sqrt()
-
-def wrong_instance_norm(x, eps=1e-5):  # the unbiased variance
-    return (x - x.mean((2, 3), keepdim=True)) / (x.var((2, 3), keepdim=True) + eps).sqrt()
-
-def ref_fold_bn(conv, bn):
-    scale = bn.weight / (bn.running_var + bn.eps).sqrt()
-    folded = copy.deepcopy(conv)
-    with torch.no_grad():
-        folded.weight.mul_(scale.view(-1, 1, 1, 1))
-        folded.bias.copy_((conv.bias - bn.running_mean) * scale + bn.bias)
-    return folded
-
-def wrong_fold_bn(conv, bn):  # forgets batch norm's own bias
-    folded = ref_fold_bn(conv, bn)
-    with torch.no_grad(): folded.bias.sub_(bn.bias)
-    return folded
-
-def ref_running_var_after(running_var, x, momentum):
-    return (1 - momentum) * running_var + momentum * x.var((0, 2, 3))
-
-def wrong_running_var_after(running_var, x, momentum):  # the biased variance
-    return (1 - momentum) * running_var + momentum * x.var((0, 2, 3), unbiased=False)
-
-
-@pytest.mark.parametrize('check, ref, wrong, hint', [
-    (check_instance_norm, ref_instance_norm, wrong_instance_norm, 'biased variance'),
-    (check_fold_bn, ref_fold_bn, wrong_fold_bn, 'fold s into each output'),
-    (check_running_var_after, ref_running_var_after, wrong_running_var_after, 'the unbiased one')])
-def test_exercise_checks(check, ref, wrong, hint, capsys):
-    assert check(ref) is True
-    assert 'correct' in capsys.readouterr().out
-    with pytest.raises(AssertionError, match=hint): check(wrong)
-    def stub(*args, **kwargs): raise NotImplementedError
-    assert check(stub) is False
-    assert 'not done yet' in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Unit tests for exp.hooks: Hook and Hooks, append_stats and ActivationStats, init_cnn, GeneralRelu, the exercise checks."""
+"""Unit tests for exp.hooks: Hook and Hooks, append_stats and ActivationStats, init_cnn, GeneralRelu (its exercises: test_exercises.py)."""
 import math
 
 import matplotlib
@@ -11,8 +11,7 @@ from torch import nn
 
 from exp.callbacks import Callback, DataBunch, Learner, Runner
 from exp.data import set_seed
-from exp.hooks import (ActivationStats, GeneralRelu, Hook, Hooks, append_stats, check_fan_in, check_he_std, check_zero_fraction,
-                       exercise, init_cnn)
+from exp.hooks import ActivationStats, GeneralRelu, Hook, Hooks, append_stats, init_cnn
 from exp.minibatch import DataLoader, Dataset, Sampler
 
 matplotlib.use('Agg')
@@ -250,41 +249,3 @@ def test_general_relu_arguments():
     with pytest.raises(ValueError, match="sub must be a finite number or None, got 'a'"): GeneralRelu(sub='a')
     with pytest.raises(ValueError, match='maxv must be a finite number or None, got nan'): GeneralRelu(maxv=float('nan'))
     assert 'leak=0.1, sub=0.4, maxv=6.0' in repr(GeneralRelu(0.1, 0.4, 6.))
-
-
-# ---------------------------------------------------------------- the exercises' checks
-
-def ref_he_std(fan_in, leak): return math.sqrt(2 / ((1 + leak ** 2) * fan_in))
-def wrong_he_std(fan_in, leak): return math.sqrt(2 / fan_in)  # forgets the leak
-
-def ref_zero_fraction(hook, module, inp, out):
-    if not hasattr(hook, 'zeros'): hook.zeros = []
-    if module.training: hook.zeros.append((out == 0).float().mean())
-
-def wrong_zero_fraction(hook, module, inp, out):  # records eval batches too
-    if not hasattr(hook, 'zeros'): hook.zeros = []
-    hook.zeros.append((out == 0).float().mean())
-
-def ref_fan_in(layer): return layer.weight[0].numel()  # one output's weights: in_channels / groups x kernel area
-def wrong_fan_in(layer): return layer.weight.shape[1] * (layer.weight[0, 0].numel() if layer.weight.dim() > 2 else 1) * getattr(layer, 'groups', 1)  # all channels
-
-
-@pytest.mark.parametrize('check, ref, wrong, hint', [
-    (check_he_std, ref_he_std, wrong_he_std, 'the layer multiplies the variance'),
-    (check_zero_fraction, ref_zero_fraction, wrong_zero_fraction, 'record training batches only'),
-    (check_fan_in, ref_fan_in, wrong_fan_in, "only its group's")])
-def test_exercise_checks(check, ref, wrong, hint, capsys):
-    assert check(ref) is True
-    assert 'correct' in capsys.readouterr().out
-    with pytest.raises(AssertionError, match=hint): check(wrong)
-    def stub(*args): raise NotImplementedError
-    assert check(stub) is False
-    assert 'not done yet' in capsys.readouterr().out
-
-
-def test_exercise_decorator():
-    @exercise('Exercise 9')
-    def check_positive(x): assert x > 0, 'must be positive'
-    assert check_positive(1)
-    with pytest.raises(AssertionError, match='must be positive'): check_positive(-1)
-    ft.test_eq(check_positive.__name__, 'check_positive')
