@@ -6,12 +6,13 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn, optim
+from torch import nn
 
 from common import fashion_or_random, median_times, report
 from exp.callbacks import DataBunch, Learner, Runner
 from exp.learner import TerminateOnNaNCallback
 from exp.minibatch import DataLoader, Dataset, Sampler
+from exp.optimizers import SGD
 
 x, y, xv, yv, data_name = fashion_or_random()
 x, y = x[:20000], y[:20000]
@@ -30,7 +31,7 @@ def new_model():
 
 
 def with_runner(cbs=()):
-    Runner(cbs=list(cbs)).fit(1, Learner(DataBunch(*loaders(), c=10), new_model(), F.cross_entropy, optim.SGD, lr=lr))
+    Runner(cbs=list(cbs)).fit(1, Learner(DataBunch(*loaders(), c=10), new_model(), F.cross_entropy, SGD, lr=lr))
 
 
 def with_runner_and_nan_check(): with_runner([TerminateOnNaNCallback()])
@@ -38,7 +39,7 @@ def with_runner_and_nan_check(): with_runner([TerminateOnNaNCallback()])
 
 def by_hand():
     model = new_model()
-    opt = optim.SGD(model.parameters(), lr=lr)
+    opt = SGD(model.parameters(), lr=lr)
     train_dl, valid_dl = loaders()
     model.train()
     for xb, yb in train_dl:
@@ -72,7 +73,7 @@ report('dispatch_us_per_batch', (time.perf_counter() - t0) / n * 1e6, '.2f')
 
 # the non-finite-loss check alone, on the CPU: its after_loss handler on a training batch's loss
 check = Runner(cbs=[TerminateOnNaNCallback()])
-check.learn = Learner(DataBunch(*loaders(), c=10), new_model(), F.cross_entropy, optim.SGD, lr=lr)
+check.learn = Learner(DataBunch(*loaders(), c=10), new_model(), F.cross_entropy, SGD, lr=lr)
 check.in_train, check.loss = True, F.cross_entropy(new_model()(x[:bs]), y[:bs])
 cb = check.terminate_on_nan
 cb.begin_fit()

@@ -17,7 +17,9 @@ from typing import Callable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 from fastcore.basics import listify
-from torch import nn, optim
+from torch import nn
+
+from .optimizers import SGD
 
 # %% auto #0
 __all__ = ['EVENTS', 'DataBunch', 'Learner', 'get_model', 'get_model_func', 'create_learner', 'camel2snake', 'Callback',
@@ -77,7 +79,7 @@ def _make_cbs(cbs: Sequence[Callback] | None, cb_funcs: Sequence[Callable] | Non
 class Learner:
     "The data, model, loss function and optimizer of a training run, and its metrics and callbacks."
     def __init__(self, data: DataBunch, model: nn.Module, loss_func: Callable = F.cross_entropy,
-                 opt_func: Callable = optim.SGD, lr: float = 0.1, metrics: Sequence[Callable] | None = None,
+                 opt_func: Callable = SGD, lr: float = 0.1, metrics: Sequence[Callable] | None = None,
                  cbs: Sequence[Callback] | None = None, cb_funcs: Sequence[Callable] | None = None):
         if not isinstance(model, nn.Module): raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if isinstance(lr, bool) or not isinstance(lr, Real) or not (math.isfinite(lr) and lr > 0):
@@ -98,10 +100,10 @@ class Learner:
         "The first of the learner's callbacks that is a `cls`, or None."
         return next((cb for cb in self.cbs if isinstance(cb, cls)), None)
 
-def get_model(data: DataBunch, lr: float = 0.5, nh: int = 50) -> tuple[nn.Module, optim.Optimizer]:
+def get_model(data: DataBunch, lr: float = 0.5, nh: int = 50) -> tuple[nn.Module, SGD]:
     "The lesson's MLP (inputs, `nh` hidden units, `data.c` outputs) and an SGD optimizer for it."
     model = nn.Sequential(nn.Linear(data.train_ds.x.shape[1], nh), nn.ReLU(), nn.Linear(nh, data.c))
-    return model, optim.SGD(model.parameters(), lr=lr)
+    return model, SGD(model.parameters(), lr=lr)
 
 def get_model_func(lr: float = 0.5) -> Callable:
     "`get_model` with its learning rate fixed: a function `data -> (model, opt)`."

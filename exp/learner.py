@@ -336,9 +336,9 @@ def _check_opt(opt, saved: dict, saved_class: str | None) -> None:
     "Raise unless `saved` (from `opt_state`) fits `opt`: its class, its parameter groups, the shapes of its buffers."
     mine = _class_name(opt)
     if saved_class is not None and saved_class != mine:  # checkpoints of before the class was kept: no class to compare
-        raise ValueError(f"it comes from a {saved_class} optimizer, and this learner's is a {mine}")
+        raise ValueError(f"it comes from the optimizer {saved_class}, and this learner's is {mine}")
     if ('hypers' in saved) == hasattr(opt, 'load_state_dict'):
-        raise ValueError(f"it holds {'no' if 'hypers' in saved else 'a'} state_dict, and this learner's {mine} "
+        raise ValueError(f"it holds {'no' if 'hypers' in saved else 'a'} state_dict, and this learner's optimizer, {mine}, "
                          f"{'has one' if 'hypers' in saved else 'keeps none'}")
     groups = saved['hypers'] if 'hypers' in saved else saved['param_groups']
     if len(groups) != len(opt.param_groups):

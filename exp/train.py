@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from torch import nn, optim
+from torch import nn
 
 from .callbacks import DataBunch, Learner
 from .cnn import DeviceCallback, Lambda, default_device, flatten, get_cnn_model, simple_cnn
@@ -34,6 +34,7 @@ from .data import (DATASETS, KNOWN_DATA, MAX_SEED, CommandLine, DownloadError, a
 from .learner import CheckpointMismatch, SaveModelCallback
 from .loss import accuracy
 from .minibatch import Dataset, get_dls
+from .optimizers import SGD
 
 try: import fcntl  # the claim on a run folder is a lock (flock) that the system drops when the process dies
 except ImportError: fcntl = None  # Windows: msvcrt's locking instead
@@ -162,7 +163,7 @@ def build_learner(cfg: TrainConfig, data: DataBunch | None = None) -> Learner:
     data = load_databunch(cfg.data, cfg.bs) if data is None else data
     device = default_device()
     learn = Learner(data, build_model(cfg.arch, data), lr=cfg.lr or DEFAULT_LRS[cfg.arch],
-                    opt_func=partial(optim.SGD, momentum=0.9), metrics=[accuracy], cbs=[DeviceCallback(device)])
+                    opt_func=partial(SGD, momentum=0.9), metrics=[accuracy], cbs=[DeviceCallback(device)])
     mode = resolve_fp16(cfg.fp16, device)
     if mode == 'on': learn.to_fp16()
     elif mode == 'bf16': learn.to_bf16()

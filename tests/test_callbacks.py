@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
-from torch import nn, optim
+from torch import nn
 
 from exp.callbacks import (EVENTS, AvgStats, AvgStatsCallback, Callback, CancelBatchException, CancelEpochException,
                            CancelStepException, CancelTrainException, DataBunch, Learner, Runner, TrainEvalCallback,
@@ -12,6 +12,7 @@ from exp.callbacks import (EVENTS, AvgStats, AvgStatsCallback, Callback, CancelB
 from exp.data import set_seed
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler
+from exp.optimizers import SGD
 
 TRAIN = ['begin_batch', 'after_pred', 'after_loss', 'after_backward', 'after_step', 'after_batch']
 VALID = ['begin_batch', 'after_pred', 'after_loss', 'after_batch']
@@ -245,7 +246,7 @@ def test_learner_cbs_and_metrics_join_the_fit(capsys):
 
 def test_learner_checks_and_builds_its_optimizer():
     learn = make_learner()
-    assert isinstance(learn.opt, optim.SGD) and learn.opt is learn.opt
+    assert isinstance(learn.opt, SGD) and learn.opt is learn.opt
     ft.test_eq(learn.opt.param_groups[0]['lr'], 0.1)
     with pytest.raises(TypeError, match='model must be an nn.Module'): Learner(make_data(), lambda x: x)
     for lr in (0, -0.1, float('inf'), float('nan'), True, '0.1'):
@@ -298,8 +299,8 @@ def test_runner_same_weights_as_hand_written_loop():
         models.append(nn.Sequential(nn.Linear(20, 10), nn.ReLU(), nn.Linear(10, 4)))
     data = DataBunch(DataLoader(train_ds, Sampler(train_ds, 32, shuffle=True, seed=2)),
                      DataLoader(valid_ds, Sampler(valid_ds, 64)), c=4)
-    Runner().fit(3, Learner(data, models[0], F.cross_entropy, optim.SGD, lr=0.3, metrics=[accuracy]))
-    opt = optim.SGD(models[1].parameters(), lr=0.3)
+    Runner().fit(3, Learner(data, models[0], F.cross_entropy, SGD, lr=0.3, metrics=[accuracy]))
+    opt = SGD(models[1].parameters(), lr=0.3)
     replay = Sampler(train_ds, 32, shuffle=True, seed=2)
     for _ in range(3):
         for idxs in replay:

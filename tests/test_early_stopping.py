@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
-from torch import nn, optim
+from torch import nn
 
 from exp.anneal import Recorder
 from exp.callbacks import AvgStatsCallback, Callback, DataBunch, Learner, Runner
@@ -12,6 +12,7 @@ from exp.data import set_seed
 from exp.early_stopping import LR_Find, EarlyStopping, LRFinder, TrackerCallback
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Optimizer, Sampler
+from exp.optimizers import SGD, Adam
 
 
 def make_data(n_train=16, n_valid=6, bs=4, seed=0):
@@ -37,8 +38,8 @@ class Counter(Callback):
 
 # ---------------------------------------------------------------- LR finder
 
-@pytest.mark.parametrize('opt_func', [lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9, weight_decay=1e-2),
-                                      lambda ps, lr: optim.Adam(ps, lr=lr)], ids=['sgd', 'adam'])
+@pytest.mark.parametrize('opt_func', [lambda ps, lr: SGD(ps, lr=lr, momentum=0.9, weight_decay=1e-2),
+                                      lambda ps, lr: Adam(ps, lr=lr)], ids=['sgd', 'adam'])
 def test_lr_finder_restores_model_and_optimizer(opt_func):
     learn = make_learner(opt_func=opt_func, lr=0.01)
     Runner().fit(1, learn)  # so that the optimizer has state (momentum buffers, Adam's averages) to restore

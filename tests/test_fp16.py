@@ -1,5 +1,6 @@
 """Unit tests for exp.fp16: MixedPrecision against torch.amp.GradScaler, on the CPU (and on CUDA where present)."""
 import math
+from functools import partial
 
 import pytest
 import torch
@@ -7,12 +8,14 @@ import torch.nn.functional as F
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
 from torch import nn, optim
 
+from exp.batchnorm import BatchNorm1d, GroupNorm, LayerNorm
 from exp.callbacks import Callback, DataBunch, Learner, Runner
 from exp.data import set_seed
 from exp.early_stopping import LRFinder
 from exp.fp16 import MixedPrecision, get_master, grad_overflow, model_to_half, to_bf16, to_fp16, to_master_grads, to_model_params
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler
+from exp.optimizers import SGD, Adam
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='no CUDA device here')
 
@@ -32,8 +35,12 @@ def make_data(bs=32, n=640):
                      DataLoader(valid_ds, Sampler(valid_ds, bs * 2)), c=4)
 
 
-def bn_mlp():
-    return nn.Sequential(nn.Linear(20, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+# the batch norm tests run with torch's batch norm and with the series' own (exp.batchnorm)
+NORMS = pytest.mark.parametrize('norm', [nn.BatchNorm1d, BatchNorm1d], ids=['torch_bn', 'our_bn'])
+
+
+def bn_mlp(norm=nn.BatchNorm1d):
+    return nn.Sequential(nn.Linear(20, 16), norm(16), nn.ReLU(), nn.Linear(16, 4))
 
 
 class InjectInf(Callback):
@@ -77,12 +84,17 @@ def gradscaler_scales(n_batches, inject, init_scale, interval, device='cpu'):
     return scales
 
 
+OPT_FUNCS = {'sgd': partial(SGD, momentum=0.9), 'adam': lambda ps, lr: Adam(ps, lr=1e-2)}
+
+
+@pytest.mark.parametrize('opt_func', OPT_FUNCS.values(), ids=OPT_FUNCS.keys())
 @pytest.mark.parametrize('flat_master', [False, True])
 @pytest.mark.parametrize('value', [float('inf'), float('nan')])
-def test_scale_and_skipped_steps_match_gradscaler(flat_master, value):
+def test_scale_and_skipped_steps_match_gradscaler(flat_master, value, opt_func):
+    # on a skipped step nothing moves: weights, momentum buffers, Adam's averages and its step count
     inject = [0, 3, 4, 9, 10, 11, 15]
     set_seed(0)
-    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9))
+    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=opt_func)
     to_fp16(learn, loss_scale=2.**8, max_noskip=3, flat_master=flat_master)
     run = Runner(cbs=[InjectInf(inject, value), Trace()])
     run.fit(1, learn)  # 15 training batches
@@ -135,38 +147,57 @@ def test_model_is_fp32_with_master_weights_after_fit_and_after_an_exception():
         assert len(opt_params) == 6 and all(a is b for a, b in zip(opt_params, learn.model.parameters()))
 
 
-def test_optimizer_state_kept_across_the_switch():
+def opt_state(learn):
+    "A copy of the optimizer's state of each of the model's parameters."
+    return [{k: v.clone() for k, v in learn.opt.state[p].items()} for p in learn.model.parameters()]
+
+
+def assert_same_states(got, want):
+    for a, b in zip(got, want, strict=True):
+        ft.test_eq(sorted(a), sorted(b))
+        for k in a: assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize('opt_func', OPT_FUNCS.values(), ids=OPT_FUNCS.keys())
+def test_optimizer_state_kept_across_the_switch(opt_func):
     set_seed(0)
-    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9))
-    Runner().fit(1, learn)  # fp32: momentum buffers exist now
-    buffers = {id(p): learn.opt.state[p]['momentum_buffer'].clone() for p in learn.model.parameters()}
+    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=opt_func)
+    Runner().fit(1, learn)  # fp32: momentum buffers, Adam's averages and step counts exist now
+    before = opt_state(learn)
 
     class Peek(Callback):
         _order = 100
         def begin_fit(self):
             masters = [p for pg in self.opt.param_groups for p in pg['params']]
-            self.seen = [self.opt.state[m]['momentum_buffer'].clone() for m in masters]
+            self.seen = [{k: v.clone() for k, v in self.opt.state[m].items()} for m in masters]
 
     peek = Peek()
     to_fp16(learn, flat_master=False)
     run = Runner(cbs=[peek])
     run.fit(0, learn)  # begin_fit and after_fit only
-    for seen, p in zip(peek.seen, learn.model.parameters()): ft.test_eq(seen, buffers[id(p)])
-    for p in learn.model.parameters(): ft.test_eq(learn.opt.state[p]['momentum_buffer'], buffers[id(p)])
+    for states in (peek.seen, opt_state(learn)): assert_same_states(states, before)
 
 
-def test_flat_master_keeps_state_and_mixed_dtypes():
+@pytest.mark.parametrize('opt_func', OPT_FUNCS.values(), ids=OPT_FUNCS.keys())
+def test_flat_master_keeps_state_and_mixed_dtypes(opt_func):
     set_seed(0)
-    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9))
+    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=opt_func)
     Runner().fit(1, learn)
-    buffers = [learn.opt.state[p]['momentum_buffer'].clone() for p in learn.model.parameters()]
+    before = opt_state(learn)
     to_fp16(learn, flat_master=True)
     run = Runner()
     run.fit(0, learn)
-    for p, b in zip(learn.model.parameters(), buffers): ft.test_eq(learn.opt.state[p]['momentum_buffer'], b)
+    assert_same_states(opt_state(learn), before)
     # the one group mixes fp16 weights and fp32 batch norm parameters; train with it
     run.fit(1, learn)
     ft.test_eq({p.dtype for p in learn.model.parameters()}, {torch.float32})
+    if 'step' in before[0]:
+        # each parameter got its own step count back: one shared tensor would be counted once per parameter
+        steps = [learn.opt.state[p]['step'] for p in learn.model.parameters()]
+        assert len({id(s) for s in steps}) == len(steps)
+        learn.cbs = []
+        Runner().fit(1, learn)
+        ft.test_eq([float(learn.opt.state[p]['step']) for p in learn.model.parameters()], [3. * len(learn.data.train_dl)] * 6)
 
 
 def test_flat_master_refuses_frozen_parameters():
@@ -181,15 +212,16 @@ def test_frozen_parameters_stay_put_without_flat_master():
     model = bn_mlp()
     model[0].weight.requires_grad_(False)
     frozen = model[0].weight.detach().clone()
-    learn = to_fp16(Learner(make_data(), model, lr=0.1, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, weight_decay=0.1)))
+    learn = to_fp16(Learner(make_data(), model, lr=0.1, opt_func=partial(SGD, weight_decay=0.1)))
     Runner().fit(1, learn)
     ft.test_eq(learn.model[0].weight.detach(), frozen)  # exactly: the masters were copied before rounding to fp16
 
 
-def test_pieces():
-    model = model_to_half(bn_mlp())
+@NORMS
+def test_pieces(norm):
+    model = model_to_half(bn_mlp(norm))
     ft.test_eq([p.dtype for p in model.parameters()], [torch.half] * 2 + [torch.float] * 2 + [torch.half] * 2)
-    opt = optim.SGD(model.parameters(), lr=0.1)
+    opt = SGD(model.parameters(), lr=0.1)
     model(torch.randn(8, 20).half()).float().sum().backward()
     for flat in (False, True):
         pgs, masters = get_master(opt, flat)
@@ -207,7 +239,7 @@ def test_pieces():
 def test_the_courses_names():
     "course-v3's 10c_fp16: get_master(opt, flat_master) -> (model_pgs, master_pgs); grad_overflow over parameter groups."
     model = bn_mlp()
-    opt = optim.SGD([{'params': model[0].parameters()}, {'params': [*model[1].parameters(), *model[3].parameters()]}], lr=0.1)
+    opt = SGD([{'params': model[0].parameters()}, {'params': [*model[1].parameters(), *model[3].parameters()]}], lr=0.1)
     model_pgs, master_pgs = get_master(opt)
     ft.test_eq([list(map(id, pg)) for pg in model_pgs], [list(map(id, pg['params'])) for pg in opt.param_groups])  # its own
     for pg, mpg in zip(model_pgs, master_pgs):
@@ -251,7 +283,7 @@ def test_with_an_lr_finder_the_weights_are_as_before():
     "LRFinder saves the fp32 weights before MixedPrecision halves them and restores them after it has put the masters back."
     for flat in (False, True):
         set_seed(0)
-        learn = to_fp16(Learner(make_data(), bn_mlp(), lr=0.1, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9)),
+        learn = to_fp16(Learner(make_data(), bn_mlp(), lr=0.1, opt_func=partial(SGD, momentum=0.9)),
                         flat_master=flat)
         Runner().fit(1, learn)  # momentum buffers to restore, too
         before = [p.detach().clone() for p in learn.model.parameters()]
@@ -308,9 +340,9 @@ def test_recorded_loss_is_unscaled():
     assert max(losses) < 10, losses  # the cross entropy of 4 classes, not 65,536 times it
 
 
-def train_accuracy(convert, epochs=4, device='cpu'):
+def train_accuracy(convert, epochs=4, device='cpu', norm=nn.BatchNorm1d):
     set_seed(0)
-    learn = Learner(make_data(), bn_mlp(), lr=0.2, metrics=[accuracy])
+    learn = Learner(make_data(), bn_mlp(norm), lr=0.2, metrics=[accuracy])
     if convert: convert(learn)
     cbs = []
     if device != 'cpu':
@@ -321,12 +353,30 @@ def train_accuracy(convert, epochs=4, device='cpu'):
     return run.avg_stats.valid_stats.avg_stats[1]
 
 
-def test_fp16_and_bf16_reach_fp32_accuracy(capsys):
+@NORMS
+def test_fp16_and_bf16_reach_fp32_accuracy(norm, capsys):
     # seed 0, blobs, BN-MLP, lr 0.2, 4 epochs: fp32 reaches about 0.95; mixed precision within 2 points
-    acc32 = train_accuracy(None)
+    acc32 = train_accuracy(None, norm=norm)
     assert acc32 > 0.9
     for convert in (to_fp16, lambda learn: to_fp16(learn, flat_master=True), to_bf16):
-        assert abs(train_accuracy(convert) - acc32) <= 0.02
+        assert abs(train_accuracy(convert, norm=norm) - acc32) <= 0.02
+
+
+@pytest.mark.parametrize('norm', [nn.BatchNorm1d(16), BatchNorm1d(16), LayerNorm(16), GroupNorm(4, 16)],
+                         ids=['torch_bn', 'our_bn', 'our_ln', 'our_gn'])
+def test_model_to_half_keeps_norm_layers_in_fp32(norm):
+    set_seed(0)
+    model = nn.Sequential(nn.Linear(20, 16), norm, nn.ReLU(), nn.Linear(16, 4))
+    with torch.no_grad(): model[1].weight.uniform_(0.5, 1.5)
+    ref = [p.detach().clone() for p in model[1].parameters()]
+    x = torch.randn(32, 20)
+    want = model(x).detach()
+    model_to_half(model)
+    for p, r in zip(model[1].parameters(), ref): ft.test_eq(p.detach(), r)  # fp32, not even rounded
+    ft.test_eq({b.dtype for b in model[1].buffers() if b.is_floating_point()} or {torch.float32}, {torch.float32})
+    out = model(x.half())
+    ft.test_eq(out.dtype, torch.half)
+    ft.test_close(out.float(), want, eps=0.05)  # the half linear layers' rounding
 
 
 @cuda

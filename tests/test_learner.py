@@ -20,6 +20,7 @@ from exp.fp16 import MixedPrecision
 from exp.learner import SaveModelCallback, suggest_lr
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler
+from exp.optimizers import SGD, Adam
 
 
 def make_data(n=480, bs=32, seed=0):
@@ -35,7 +36,7 @@ def make_data(n=480, bs=32, seed=0):
 def make_learner(seed=0, fp16=False, metrics=(accuracy,)):
     set_seed(seed)
     learn = Learner(make_data(), nn.Sequential(nn.Linear(20, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)),
-                    metrics=list(metrics), lr=0.2, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9))
+                    metrics=list(metrics), lr=0.2, opt_func=lambda ps, lr: SGD(ps, lr=lr, momentum=0.9))
     learn.display = 'off'
     return learn.to_fp16(loss_scale=2.**10, max_noskip=5) if fp16 else learn
 
@@ -72,7 +73,7 @@ def test_fit_one_cycle_schedules_lr_and_momentum():
 
 def test_fit_one_cycle_with_adam_schedules_beta1():
     learn = make_learner()
-    learn.opt = optim.Adam(learn.model.parameters(), lr=0.01)
+    learn.opt = Adam(learn.model.parameters(), lr=0.01)
     learn.fit_one_cycle(1, max_lr=0.01)
     beta1 = learn.opt.param_groups[0]['betas'][0]
     assert 0.9 < beta1 < 0.95  # moved from Adam's 0.9, back towards 0.95 at the end of the cycle
@@ -236,7 +237,7 @@ def v1_learner():
     data = DataBunch(DataLoader(train_ds, Sampler(train_ds, 8, shuffle=True, seed=3)), DataLoader(valid_ds, Sampler(valid_ds, 8)), c=3)
     set_seed(0)
     model = nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 3))
-    learn = Learner(data, model, lr=0.1, opt_func=partial(optim.SGD, momentum=0.9), metrics=[accuracy])
+    learn = Learner(data, model, lr=0.1, opt_func=partial(SGD, momentum=0.9), metrics=[accuracy])
     learn.display = 'off'
     return learn.to_fp16(loss_scale=2.**10, max_noskip=3)
 
@@ -539,7 +540,7 @@ def drop_a_group(state):
 MISFITS = {  # piece: (how the checkpoint is changed, what the error says)
     'model shape': (lambda s: s['model'].__setitem__('0.weight', torch.zeros(3, 3)), "its model state does not fit this learner: 0.weight is (3, 3) in the checkpoint, (16, 20) in the model"),
     'model keys': (lambda s: s['model'].pop('3.bias'), "the model has ['3.bias'] that the checkpoint lacks"),
-    'optimizer class': (lambda s: s.__setitem__('opt_class', 'exp.optimizers.SGD'), "it comes from a exp.optimizers.SGD optimizer, and this learner's is a torch.optim.sgd.SGD"),
+    'optimizer class': (lambda s: s.__setitem__('opt_class', 'torch.optim.sgd.SGD'), "it comes from the optimizer torch.optim.sgd.SGD, and this learner's is exp.optimizers.SGD"),
     'param groups': (drop_a_group, '2 parameter groups in the checkpoint, 1 in the optimizer'),
     'buffer shape': (lambda s: s['opt']['state'][0].__setitem__('momentum_buffer', torch.zeros(2)), 'momentum_buffer of parameter 0 is (2,), the parameter (16, 20)'),
     'rng': (lambda s: s['rng'].__setitem__('torch', torch.zeros(3, dtype=torch.uint8)), 'its rng state does not fit'),
@@ -566,11 +567,14 @@ def test_a_checkpoint_that_does_not_fit_leaves_the_learner_exactly_as_it_was(sav
 def test_a_checkpoint_of_another_optimizer_class_is_refused_naming_both(saved, tmp_path):
     learn = make_learner(fp16=True)
     learn.opt = optim.Adam(learn.model.parameters(), lr=1e-3)
-    with pytest.raises(CheckpointMismatch, match="comes from a torch.optim.sgd.SGD optimizer, and this learner's is a torch.optim.adam.Adam"):
+    with pytest.raises(CheckpointMismatch, match="comes from the optimizer exp.optimizers.SGD, and this learner's is torch.optim.adam.Adam"):
+        learn.load(saved[0])
+    learn.opt = optim.SGD(learn.model.parameters(), lr=0.1, momentum=0.9)  # the same algorithm, torch's class: not ours
+    with pytest.raises(CheckpointMismatch, match="comes from the optimizer exp.optimizers.SGD, and this learner's is torch.optim.sgd.SGD"):
         learn.load(saved[0])
     from exp.minibatch import Optimizer
     learn.opt = Optimizer(learn.model.parameters(), lr=0.1)  # notebook 03's, and ours
-    with pytest.raises(CheckpointMismatch, match="is a exp.minibatch.Optimizer"): learn.load(saved[0])
+    with pytest.raises(CheckpointMismatch, match="this learner's is exp.minibatch.Optimizer"): learn.load(saved[0])
 
 
 def test_a_callback_state_that_does_not_fit_is_caught_before_anything_loads(saved, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / 'nbs').glob('[0-9][0-9]_*.ipynb'))
+NOTEBOOKS = sorted((ROOT / 'nbs').glob('[0-9][0-9]*_*.ipynb'))  # 02 < 02b < 03: '_' sorts before letters
 FLAG_RE = re.compile(r'^\s*#\s*\|\s*(slow|cuda)\s*$', re.M)
 
 
