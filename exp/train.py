@@ -276,7 +276,7 @@ class RunClaim:
     @classmethod
     def holder(cls, folder: Path) -> dict | None:
         "Who holds `folder` now, if a live process does (else None); changes nothing."
-        try: fd = os.open(folder / cls.FILE, os.O_RDWR)
+        try: fd = os.open(folder / cls.FILE, os.O_RDONLY)  # a lock needs no write access
         except FileNotFoundError: return None
         try:
             _lock(fd)
