@@ -37,7 +37,7 @@ class Learner:
     "The data, model, loss function and optimizer of a training run, and its metrics and callbacks."
     def __init__(self, data: DataBunch, model: nn.Module, loss_func: Callable = F.cross_entropy,
                  opt_func: Callable = optim.SGD, lr: float = 0.1, metrics: Sequence[Callable] | None = None,
-                 cbs: Sequence[Callback] | None = None):
+                 cbs: Sequence['Callback'] | None = None):  # quoted: Callback is defined further down
         if not isinstance(model, nn.Module): raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if not lr > 0: raise ValueError(f"lr must be > 0, got {lr}")
         self.data, self.model, self.loss_func, self.opt_func, self.lr = data, model, loss_func, opt_func, lr

@@ -1,0 +1,1 @@
+"Developer tools for the notebooks: refreshing their committed outputs, building and checking the course website."
