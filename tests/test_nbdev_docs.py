@@ -1,5 +1,5 @@
 """nbdev's doc processors handle every notebook: `nbdev.serve.proc_nbs`, the step that nbdev_docs and nbdev_readme
-run before handing the notebooks to Quarto (Quarto itself cannot be installed here). Among other things it runs
+run before handing the notebooks to Quarto (which this project does not install). Among other things it runs
 each notebook's import and export cells alone, to render `show_doc`: a cell that mixes imports with code using
 other cells' variables, or an annotation naming a class defined further down, stops it.
 """

@@ -125,9 +125,10 @@ class Browser:
 
 def problems(events: list[dict]) -> list[str]:
     "The console errors, uncaught exceptions, failed loads and HTTP errors among a page's events."
-    found = []
+    found, urls = [], {}
     for e in events:
         m, p = e['method'], e.get('params', {})
+        if m == 'Network.requestWillBeSent': urls[p['requestId']] = p['request']['url']
         if m == 'Runtime.consoleAPICalled' and p['type'] in ('error', 'assert'):
             found.append('console error: ' + ' '.join(str(a.get('value', a.get('description', ''))) for a in p['args']))
         elif m == 'Runtime.exceptionThrown':
@@ -136,7 +137,7 @@ def problems(events: list[dict]) -> list[str]:
         elif m == 'Log.entryAdded' and p['entry']['level'] == 'error':
             found.append(f"console error: {p['entry']['text']} {p['entry'].get('url', '')}".strip())
         elif m == 'Network.loadingFailed' and not p.get('canceled'):
-            found.append(f"failed to load ({p['errorText']}): request {p['requestId']}")
+            found.append(f"failed to load ({p['errorText']}): {urls.get(p['requestId'], 'request ' + p['requestId'])}")
         elif m == 'Network.responseReceived' and p['response']['status'] >= 400:
             found.append(f"HTTP {p['response']['status']}: {p['response']['url']}")
     return found

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from tools.notebooks import NBS, ROOT, SOURCE_KEY, notebooks, source_hash
 
-CELL_TIMEOUT = 1200  # seconds; the slowest cell (a full-MNIST epoch in fp16 on 2 cores) takes about 20
+CELL_TIMEOUT = 1200  # seconds: generous, the slowest cell (a full-MNIST epoch in fp16) takes well under a minute
 THREADS = '2'  # the CPU count of the machines the committed outputs come from: thread count changes the rounding
 ADDRESS_RE = re.compile(r' at 0x[0-9a-fA-F]{4,}')  # '<Runner at 0x7f...>' -> '<Runner>', as nbdev_clean does
 
@@ -35,8 +35,7 @@ ADDRESS_RE = re.compile(r' at 0x[0-9a-fA-F]{4,}')  # '<Runner at 0x7f...>' -> '<
 def kernel_env() -> dict[str, str]:
     "The environment the notebooks run in: seeded, pinned to two threads, no GPU, the inline plot backend."
     env = {k: v for k, v in os.environ.items() if k != 'MPLBACKEND'}  # Agg would swallow the plots
-    env.update(PYTHONHASHSEED='0', OMP_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS, CUDA_VISIBLE_DEVICES='',
-               PYDEVD_DISABLE_FILE_VALIDATION='1')
+    env.update(PYTHONHASHSEED='0', OMP_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS, CUDA_VISIBLE_DEVICES='')
     return env
 
 
@@ -59,7 +58,7 @@ def scrub_text(text: str, subs) -> str:
 
 
 def shrink_png(b64: str) -> str:
-    "The PNG re-encoded with a 256-colour palette (plots and digit grids look the same, at a third of the bytes)."
+    "The PNG re-encoded with a 256-colour palette: plots and digit grids look the same, at about half the bytes."
     from PIL import Image
     img = Image.open(io.BytesIO(base64.b64decode(b64)))
     out = io.BytesIO()
