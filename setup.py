@@ -37,6 +37,7 @@ setuptools.setup(
     url=cfg['git_url'],
     packages=setuptools.find_packages(include=[cfg['lib_name'], cfg['lib_name'] + '.*']),
     include_package_data=True,
+    package_data={cfg['lib_name']: ['mnist5k/*.gz']},  # the embedded digits: in the wheel and the sdist
     install_requires=requirements,
     extras_require={'dev': dev_requirements, 'docs': docs_requirements},
     python_requires='>=' + cfg['min_python'],

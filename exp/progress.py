@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+import fastprogress.fastprogress
 from fastprogress.fastprogress import (ConsoleMasterBar, ConsoleProgressBar, NBMasterBar, NBProgressBar,
                                        format_time)
 
@@ -31,6 +32,12 @@ def progress_display(display: str = 'auto') -> str:
     if in_jupyter(): return 'notebook'
     isatty = getattr(sys.stdout, 'isatty', None)  # called, unlike fastprogress: the method itself is always true
     return 'console' if callable(isatty) and isatty() else 'text'
+
+def _html_bars_ready() -> None:
+    "Give fastprogress the IPython functions its HTML bars call: it imports them only when imported in a notebook."
+    if not hasattr(fastprogress.fastprogress, 'HTML'):
+        from IPython.display import HTML, display
+        fastprogress.fastprogress.HTML, fastprogress.fastprogress.display = HTML, display
 
 # %% ../nbs/07_progress.ipynb #4f57c3b0
 def format_stat(name: str, value) -> str:
@@ -62,6 +69,7 @@ class ProgressCallback(Callback):
         self.stats = next((cb for cb in self.run.cbs if isinstance(cb, AvgStatsCallback)), None)
         if self.stats is not None: self.stats_printed, self.stats.print_stats = self.stats.print_stats, False
         if self.mode in ('notebook', 'console') and self.epochs > 0:
+            if self.mode == 'notebook': _html_bars_ready()
             self.mbar = (NBMasterBar if self.mode == 'notebook' else ConsoleMasterBar)(range(self.epochs))
             self.mbar.update(0)
         if self.stats is not None: self._write(self.stats.names)

@@ -1,3 +1,6 @@
+import errno
+import socket
+
 import pytest
 
 
@@ -31,3 +34,10 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv('EXP_DATA', str(folder))
     return folder
 
+
+@pytest.fixture
+def no_network(monkeypatch):
+    "Every name lookup and every connection fails, as on a machine without a network."
+    def refuse(*args, **kwargs): raise OSError(errno.ENETUNREACH, 'Network is unreachable (cut by the test)')
+    monkeypatch.setattr(socket, 'getaddrinfo', refuse)
+    monkeypatch.setattr(socket.socket, 'connect', refuse)

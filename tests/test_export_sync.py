@@ -8,7 +8,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _files(folder: Path) -> dict:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob('*'))
+    "What nbdev_export writes: the Python files (the modules, _modidx.py, __init__.py); exp/ also holds package data."
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob('*.py'))
             if p.is_file() and '__pycache__' not in p.parts}
 
 

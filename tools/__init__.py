@@ -1,1 +1,1 @@
-"Developer tools for the notebooks: refreshing their committed outputs, building and checking the course website."
+"Developer tools: refreshing the notebooks' outputs, building and checking the course website, rebuilding the embedded digits."
