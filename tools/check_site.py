@@ -18,6 +18,7 @@ import http.server
 import io
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -68,7 +69,8 @@ class Browser:
 
     def _receive(self, deadline: float) -> dict:
         while b'\0' not in self._buffer:
-            if time.monotonic() > deadline: raise TimeoutError('the browser did not answer in time')
+            ready, _, _ = select.select([self._read], [], [], max(0., deadline - time.monotonic()))
+            if not ready: raise TimeoutError('the browser did not answer in time')
             chunk = os.read(self._read, 1 << 16)
             if not chunk: raise RuntimeError(f'the browser exited (code {self.proc.poll()})')
             self._buffer += chunk
@@ -107,8 +109,13 @@ class Browser:
         return facts
 
     def screenshot(self, url: str, path: Path, width: int = 1280, height: int = 800) -> None:
+        "Save the page at `url` (scrolled to its #fragment, if any) as a PNG of `width` x `height`."
         self.call('Emulation.setDeviceMetricsOverride', session=True, width=width, height=height, deviceScaleFactor=1, mobile=False)
-        self.open(url)
+        page, fragment = urldefrag(url)
+        self.open(page)
+        if fragment:
+            self.call('Runtime.evaluate', session=True, expression=f'document.getElementById({json.dumps(fragment)}).scrollIntoView()')
+            time.sleep(0.5)  # the theme's scroll handlers settle
         png = self.call('Page.captureScreenshot', session=True, format='png')['data']
         from PIL import Image
         img = Image.open(io.BytesIO(base64.b64decode(png))).convert('RGB').quantize(256)

@@ -5,12 +5,13 @@ Usage: python -m tools.outputs [NOTEBOOK ...]      (no names: every notebook in 
 
 Each notebook runs top to bottom in a fresh Jupyter kernel started in nbs/, as Run All does, every cell
 included: `#| slow` cells need the full data sets (Fashion-MNIST, MNIST), `#| cuda` cells print their one
-line (CUDA is hidden from the kernel). The runs are seeded and pinned: PYTHONHASHSEED=0, two torch threads,
-and each notebook's own `set_seed` calls. Then, in the outputs: memory addresses and machine paths are
-replaced (the temporary folder by `<tmp>`, the data cache by `$EXP_DATA`, the repository by `<repo>`, the
-home folder by `~`), PNGs are re-encoded smaller, each code cell's metadata records the fingerprint of the
-source that produced them (`source_hash`, checked by tests/test_outputs.py), and the notebook is written as
-`nbdev_clean` writes it. A notebook with a failing cell is reported and left as it was.
+line (CUDA is hidden from the kernel). The runs are seeded and pinned: PYTHONHASHSEED=0, two torch threads
+(waiting passively, so that a busy machine does not inflate the timings), and each notebook's own
+`set_seed`. Then, in the outputs: memory addresses and machine paths are replaced (the temporary folder by
+`<tmp>`, the data cache by `$EXP_DATA`, the repository by `<repo>`, the home folder by `~`), PNGs are
+re-encoded smaller, each code cell's metadata records the fingerprint of the source that produced them
+(`source_hash`, checked by tests/test_outputs.py), and the notebook is written as `nbdev_clean` writes it.
+A notebook with a failing cell is reported and left as it was.
 """
 from __future__ import annotations
 
@@ -35,7 +36,10 @@ ADDRESS_RE = re.compile(r' at 0x[0-9a-fA-F]{4,}')  # '<Runner at 0x7f...>' -> '<
 def kernel_env() -> dict[str, str]:
     "The environment the notebooks run in: seeded, pinned to two threads, no GPU, the inline plot backend."
     env = {k: v for k, v in os.environ.items() if k != 'MPLBACKEND'}  # Agg would swallow the plots
-    env.update(PYTHONHASHSEED='0', OMP_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS, CUDA_VISIBLE_DEVICES='')
+    env.update(PYTHONHASHSEED='0', OMP_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS, CUDA_VISIBLE_DEVICES='',
+               # idle OpenMP threads sleep instead of spinning: on a busy machine spinning threads made the printed
+               # timings 10-30x too slow (an epoch of the trainer: 13-27 s instead of 0.7 s); the numbers are the same
+               OMP_WAIT_POLICY='PASSIVE')
     return env
 
 
