@@ -5,11 +5,12 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn, optim
+from torch import nn
 
 from common import fashion_or_random, median_times, report
 from exp.callbacks import DataBunch, Learner, Runner
 from exp.minibatch import DataLoader, Dataset, Sampler
+from exp.optimizers import SGD
 
 x, y, xv, yv, data_name = fashion_or_random()
 x, y = x[:20000], y[:20000]
@@ -28,12 +29,12 @@ def new_model():
 
 
 def with_runner():
-    Runner().fit(1, Learner(DataBunch(*loaders(), c=10), new_model(), F.cross_entropy, optim.SGD, lr=lr))
+    Runner().fit(1, Learner(DataBunch(*loaders(), c=10), new_model(), F.cross_entropy, SGD, lr=lr))
 
 
 def by_hand():
     model = new_model()
-    opt = optim.SGD(model.parameters(), lr=lr)
+    opt = SGD(model.parameters(), lr=lr)
     train_dl, valid_dl = loaders()
     model.train()
     for xb, yb in train_dl:

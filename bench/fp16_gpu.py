@@ -7,11 +7,12 @@ import time
 
 import torch
 import torch.nn.functional as F
-from torch import nn, optim
+from torch import nn
 
 from exp.callbacks import Callback, DataBunch, Learner, Runner
 from exp.fp16 import to_bf16, to_fp16
 from exp.minibatch import DataLoader, Dataset, Sampler
+from exp.optimizers import SGD
 
 if not torch.cuda.is_available(): sys.exit('bench/fp16_gpu.py needs a CUDA device')
 
@@ -96,7 +97,7 @@ class Timer(Callback):
 def contender(setup, tf32=False):
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
     learn = Learner(make_data(STEPS), make_model(), F.cross_entropy, lr=0.01,
-                    opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9))
+                    opt_func=lambda ps, lr: SGD(ps, lr=lr, momentum=0.9))
     extra = setup(learn)
     warm = Learner(make_data(WARMUP), learn.model, F.cross_entropy)
     warm.opt, warm.cbs = learn.opt, learn.cbs

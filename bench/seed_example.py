@@ -13,13 +13,12 @@ import contextlib
 import io
 import time
 
-import torch
-
 import exp.learner  # fit_one_cycle, to_fp16 on the Learner
 from exp.callbacks import Learner
 from exp.cnn import DeviceCallback, mnist_sample, simple_cnn
 from exp.data import set_seed
 from exp.loss import accuracy
+from exp.optimizers import Adam
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument('--path', default=None, help='a folder holding the four MNIST IDX files')
@@ -34,7 +33,7 @@ accs = []
 for seed in range(args.seeds):
     set_seed(seed)
     data = mnist_sample(name=args.name, path=args.path)
-    opt = dict(opt_func=torch.optim.Adam, lr=args.adam) if args.adam else {}
+    opt = dict(opt_func=Adam, lr=args.adam) if args.adam else {}
     learn = Learner(data, simple_cnn((1, 16, 16, 2)), metrics=[accuracy], cbs=[DeviceCallback()], **opt)
     if not args.fp32: learn.to_fp16()
     learn.display = 'off'

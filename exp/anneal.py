@@ -47,6 +47,8 @@ def _axes(ax: _Axes | None) -> _Axes:
 
 class Recorder(Callback):
     "Records the learning rate of each parameter group and the loss at every training batch, and plots them."
+    def __init__(self): self.lrs, self.losses = [], []
+
     def begin_fit(self):
         self.lrs: list[list[float]] = [[] for _ in self.opt.param_groups]
         self.losses: list[torch.Tensor] = []
@@ -55,6 +57,20 @@ class Recorder(Callback):
         if not self.in_train: return
         for lrs, pg in zip(self.lrs, self.opt.param_groups): lrs.append(pg['lr'])
         self.losses.append(self.loss.detach())
+
+    def state_dict(self) -> dict:
+        "What it recorded, for a checkpoint: the lrs of each group (float64) and the losses (fp32), as tensors on the CPU."
+        losses = torch.stack(self.losses).float().cpu() if self.losses else torch.zeros(0)
+        return {'lrs': [torch.tensor(lrs, dtype=torch.float64) for lrs in self.lrs], 'losses': losses}
+
+    def load_state_dict(self, state: dict) -> None:
+        "Take back what a checkpoint recorded (for as many parameter groups as the optimizer has now)."
+        lrs, losses = (state.get('lrs'), state.get('losses')) if isinstance(state, dict) else (None, None)
+        if not isinstance(lrs, list) or not isinstance(losses, torch.Tensor) or any(len(l) != len(losses) for l in lrs):
+            raise ValueError(f"a Recorder state holds 'lrs', one tensor per parameter group, and 'losses', as long; got {state!r}")
+        if self.lrs and len(lrs) != len(self.lrs):  # in a fit, begin_fit made one list per parameter group
+            raise ValueError(f"the checkpoint recorded {len(lrs)} parameter groups; this optimizer has {len(self.lrs)}")
+        self.lrs, self.losses = [l.tolist() for l in lrs], list(losses.unbind())
 
     def _lrs(self, pgid: int) -> list[float]:
         "The learning rates of parameter group `pgid`, checked."
@@ -90,8 +106,6 @@ class Recorder(Callback):
 # %% ../nbs/05_anneal.ipynb #ea256715
 class ParamScheduler(Callback):
     "Sets hyperparameter `pname` (element `idx` of it, if a tuple) of each param group at every training batch."
-    _order = 1
-
     def __init__(self, pname: str, sched_funcs: Callable[[float], float] | Sequence[Callable[[float], float]],
                  idx: int | None = None):
         if not isinstance(pname, str) or not pname: raise TypeError(f"pname must be a non-empty str, got {pname!r}")

@@ -14,34 +14,67 @@ from typing import Callable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 from fastcore.basics import listify
-from torch import nn, optim
+from torch import nn
+
+from .optimizers import SGD
 
 # %% auto #0
 __all__ = ['EVENTS', 'DataBunch', 'Learner', 'get_model', 'get_model_func', 'create_learner', 'camel2snake', 'Callback',
            'check_events', 'CancelStepException', 'CancelBatchException', 'CancelEpochException',
-           'CancelTrainException', 'TrainEvalCallback', 'Runner', 'AvgStats', 'AvgStatsCallback']
+           'CancelTrainException', 'TrainEvalCallback', 'sort_callbacks', 'print_row', 'Runner', 'AvgStats',
+           'AvgStatsCallback', 'callback_states', 'load_callback_states']
 
 # %% ../nbs/04_callbacks.ipynb #a7d89a51
+def _dataset(dl, name: str):
+    "The dataset behind loader `dl`: our DataLoader keeps it in `.ds`, torch's in `.dataset`."
+    for attr in ('ds', 'dataset'):
+        ds = getattr(dl, attr, None)
+        if ds is not None: return ds
+    raise AttributeError(f"{name} ({type(dl).__name__}) has neither .ds nor .dataset: it names no dataset")
+
 class DataBunch:
-    "A training and a validation DataLoader, and the number of classes `c`."
+    "A training and a validation DataLoader (ours or torch's), and the number of classes `c`."
     def __init__(self, train_dl: Iterable, valid_dl: Iterable, c: int | None = None):
         self.train_dl, self.valid_dl, self.c = train_dl, valid_dl, c
 
     @property
-    def train_ds(self): return self.train_dl.ds
+    def train_ds(self): return _dataset(self.train_dl, 'train_dl')
 
     @property
-    def valid_ds(self): return self.valid_dl.ds
+    def valid_ds(self): return _dataset(self.valid_dl, 'valid_dl')
+
+    def _generators(self) -> list:
+        "The torch.Generator each loader's sampler shuffles with (None where it has none)."
+        return [getattr(getattr(dl, 'sampler', None), 'generator', None) for dl in (self.train_dl, self.valid_dl)]
+
+    def state_dict(self) -> dict:
+        "The state of the loaders' shuffling: each sampler's generator, for a checkpoint."
+        return {'samplers': [g.get_state() if isinstance(g, torch.Generator) else None for g in self._generators()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        "Put back the shuffling that `state_dict` saved."
+        samplers = state.get('samplers') if isinstance(state, dict) else None
+        if not isinstance(samplers, list) or len(samplers) != 2:
+            raise ValueError(f"a DataBunch state holds 'samplers', one state (or None) per loader; got {state!r}")
+        for g, s in zip(self._generators(), samplers):
+            if isinstance(g, torch.Generator) and s is not None: g.set_state(s)
+
+def _make_cbs(cbs: Sequence['Callback'] | None, cb_funcs: Sequence[Callable] | None) -> list['Callback']:  # quoted: Callback is defined further down
+    "The callbacks `cbs`, then one made by calling each of `cb_funcs` (a class, a partial)."
+    funcs = listify(cb_funcs)
+    for f in funcs:
+        if not callable(f): raise TypeError(f"cb_funcs must be callables that make a callback (a class, a partial), got {f!r}")
+    return [*listify(cbs), *(f() for f in funcs)]
 
 class Learner:
     "The data, model, loss function and optimizer of a training run, and its metrics and callbacks."
     def __init__(self, data: DataBunch, model: nn.Module, loss_func: Callable = F.cross_entropy,
-                 opt_func: Callable = optim.SGD, lr: float = 0.1, metrics: Sequence[Callable] | None = None,
-                 cbs: Sequence['Callback'] | None = None):  # quoted: Callback is defined further down
+                 opt_func: Callable = SGD, lr: float = 0.1, metrics: Sequence[Callable] | None = None,
+                 cbs: Sequence['Callback'] | None = None, cb_funcs: Sequence[Callable] | None = None):
         if not isinstance(model, nn.Module): raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if not lr > 0: raise ValueError(f"lr must be > 0, got {lr}")
         self.data, self.model, self.loss_func, self.opt_func, self.lr = data, model, loss_func, opt_func, lr
-        self.metrics, self.cbs, self._opt = listify(metrics), listify(cbs), None
+        self.metrics, self.cbs, self._opt = listify(metrics), _make_cbs(cbs, cb_funcs), None
 
     @property
     def opt(self):
@@ -52,10 +85,14 @@ class Learner:
     @opt.setter
     def opt(self, opt): self._opt = opt
 
-def get_model(data: DataBunch, lr: float = 0.5, nh: int = 50) -> tuple[nn.Module, optim.Optimizer]:
+    def find(self, cls: type | tuple[type, ...]) -> Callback | None:
+        "The first of the learner's callbacks that is a `cls`, or None."
+        return next((cb for cb in self.cbs if isinstance(cb, cls)), None)
+
+def get_model(data: DataBunch, lr: float = 0.5, nh: int = 50) -> tuple[nn.Module, SGD]:
     "The lesson's MLP (inputs, `nh` hidden units, `data.c` outputs) and an SGD optimizer for it."
     model = nn.Sequential(nn.Linear(data.train_ds.x.shape[1], nh), nn.ReLU(), nn.Linear(nh, data.c))
-    return model, optim.SGD(model.parameters(), lr=lr)
+    return model, SGD(model.parameters(), lr=lr)
 
 def get_model_func(lr: float = 0.5) -> Callable:
     "`get_model` with its learning rate fixed: a function `data -> (model, opt)`."
@@ -81,7 +118,9 @@ def camel2snake(name: str) -> str:
 
 class Callback:
     "Base class: a method named after an event runs at that event; attribute reads fall through to the runner."
-    _order: int = 0
+    _order: int = 0  # a place among callbacks that do not depend on each other: smaller runs first
+    run_after: tuple[type, ...] = ()  # callback classes whose handlers must run before this one's, at every event
+    run_before: tuple[type, ...] = ()  # callback classes whose handlers must run after this one's
     run = None
 
     def set_runner(self, run: Runner) -> None: self.run = run
@@ -96,6 +135,14 @@ class Callback:
         return getattr(self.run, k)
 
     def __repr__(self) -> str: return f'{type(self).__name__}()'
+
+    def state_dict(self) -> dict:
+        "What this callback needs to carry a run on from a checkpoint: nothing, unless a subclass says so."
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        "Take back a state that `state_dict` gave; a callback without state accepts only an empty one."
+        if state: raise ValueError(f"{type(self).__name__} keeps no checkpoint state, got one with keys {sorted(state)}")
 
 def check_events(cb: Callback) -> None:
     "Raise ValueError if `cb` has a method whose name looks like an event but is not one (a typo would be ignored)."
@@ -116,7 +163,7 @@ class CancelTrainException(Exception): "Stop training."
 # %% ../nbs/04_callbacks.ipynb #430e31ed
 class TrainEvalCallback(Callback):
     "Train/eval modes, and the progress counters `n_epochs` (a float) and `n_iter`."
-    _order = -10
+    _order = -10  # first: the others read `in_train` and the counters it sets
 
     def begin_fit(self):
         # a resumed fit (start_epoch > 0) counts on from where the interrupted one stopped
@@ -137,26 +184,72 @@ class TrainEvalCallback(Callback):
         self.model.eval()
         self.run.in_train = False
 
+# %% ../nbs/04_callbacks.ipynb #5e1b7a20
+def _check_relations(cb: Callback) -> None:
+    "Raise TypeError unless `cb.run_after` and `cb.run_before` are tuples of Callback classes."
+    for attr in ('run_after', 'run_before'):
+        rel = getattr(type(cb), attr)
+        if not isinstance(rel, tuple) or not all(isinstance(c, type) and issubclass(c, Callback) for c in rel):
+            raise TypeError(f"{type(cb).__name__}.{attr} must be a tuple of Callback classes, got {rel!r}")
+
+def _cycle(cbs: list[Callback], preds: list[set[int]], left: set[int]) -> list[str]:
+    "The names along one cycle of the relations among the callbacks `left` (each has a predecessor among them)."
+    path, i = [], min(left)
+    while i not in path:
+        path.append(i)
+        i = min(preds[i] & left)
+    cycle = path[path.index(i):] + [i]
+    return [type(cbs[j]).__name__ for j in cycle]
+
+def sort_callbacks(cbs: Iterable[Callback]) -> list[Callback]:
+    "`cbs` in the order they run: by `_order`, then as each `run_after`/`run_before` relation requires (stable)."
+    cbs = sorted(cbs, key=lambda cb: cb._order)  # sorted() is stable: equal orders stay in the order they came
+    # preds[j]: the callbacks that must run before cbs[j]
+    preds = [{i for i, other in enumerate(cbs)
+              if other is not cb and (isinstance(other, cb.run_after) or isinstance(cb, other.run_before))} for cb in cbs]
+    order, done = [], set()
+    while len(order) < len(cbs):
+        j = next((j for j in range(len(cbs)) if j not in done and preds[j] <= done), None)
+        if j is None:
+            names = _cycle(cbs, preds, set(range(len(cbs))) - done)
+            raise ValueError(f"the callbacks' run_after/run_before relations form a cycle: {' runs after '.join(names)}")
+        order.append(cbs[j])
+        done.add(j)
+    return order
+
 # %% ../nbs/04_callbacks.ipynb #096268ca
+def print_row(row: Sequence[str] | dict) -> None:
+    "The runner's default logger: prints the table's header (a list of column names), or an epoch's row (a dict)."
+    if not isinstance(row, dict):
+        print(''.join(f'{name:>16}' for name in row))
+        return
+    print(''.join(f'{v:>16}' if k == 'epoch' else f'{v:>15.2f}s' if k == 'time' else f'{v:>16.4f}' for k, v in row.items()))
+
 class Runner:
-    "Runs the training loop of a Learner, calling its callbacks' event methods in `_order`."
+    "Runs the training loop of a Learner, calling its callbacks' event methods in order."
     def __init__(self, cbs: Sequence[Callback] | None = None, cb_funcs: Sequence[Callable] | None = None):
         self.cbs: list[Callback] = []
         self.in_train, self.epoch, self.epochs, self.start_epoch, self.n_epochs, self.n_iter, self.iters = False, 0, 0, 0, 0., 0, 0
         self.learn = self.xb = self.yb = self.pred = self.loss = None
+        self.logger: Callable = print_row  # what AvgStatsCallback hands the table to: the header, then a row per epoch
         self._table: dict[str, list[Callable]] = {}
-        self.add_cbs([TrainEvalCallback(), *listify(cbs), *(f() for f in listify(cb_funcs))])
+        self.add_cbs([TrainEvalCallback(), *_make_cbs(cbs, cb_funcs)])
 
     def add_cbs(self, cbs: Iterable[Callback]) -> None:
         "Add callbacks: each is checked for misspelt events and becomes reachable as `run.<name>`."
         for cb in cbs:
             if not isinstance(cb, Callback): raise TypeError(f"callbacks must be Callback instances, got {cb!r}")
             check_events(cb)
+            _check_relations(cb)
             if hasattr(type(self), cb.name) or not isinstance(vars(self).get(cb.name, cb), Callback):
                 raise ValueError(f"a callback cannot be named {cb.name!r}: the runner has an attribute of that name")
             cb.set_runner(self)
             setattr(self, cb.name, cb)
             self.cbs.append(cb)
+
+    def find(self, cls: type | tuple[type, ...]) -> Callback | None:
+        "The first of this runner's callbacks that is a `cls`, or None: how one callback finds another."
+        return next((cb for cb in self.cbs if isinstance(cb, cls)), None)
 
     @property
     def model(self) -> nn.Module: return self.learn.model
@@ -167,10 +260,28 @@ class Runner:
     @property
     def data(self) -> DataBunch: return self.learn.data
 
+    def _joining(self, learn: Learner) -> list[Callback]:
+        "The callbacks a fit of `learn` adds: the learner's own, and an AvgStatsCallback for its metrics if none is here."
+        joining = [cb for cb in learn.cbs if cb not in self.cbs]
+        if learn.metrics and self.find(AvgStatsCallback) is None and learn.find(AvgStatsCallback) is None:
+            joining.append(AvgStatsCallback(learn.metrics))
+        return joining
+
+    @staticmethod
+    def _handlers(cbs: list[Callback]) -> dict[str, list[Callback]]:
+        "For each event, the callbacks of `cbs` (in running order) that handle it; `after_fit` backwards."
+        return {e: [cb for cb in (cbs[::-1] if e == 'after_fit' else cbs) if callable(getattr(type(cb), e, None))]
+                for e in EVENTS}
+
     def _build_table(self) -> None:
-        "Map each event to the bound methods that handle it, in `_order`: sorted once per fit, not per event."
-        cbs = sorted(self.cbs, key=lambda cb: cb._order)
-        self._table = {e: [getattr(cb, e) for cb in cbs if callable(getattr(type(cb), e, None))] for e in EVENTS}
+        "Map each event to the bound methods that handle it, in order: sorted once per fit, not per event."
+        self._table = {e: [getattr(cb, e) for cb in cbs] for e, cbs in self._handlers(sort_callbacks(self.cbs)).items()}
+
+    def show_events(self, learn: Learner | None = None) -> None:
+        "Print, for each event, the callbacks that handle it in the order they run (with `learn`: those its fit would add too)."
+        cbs = self.cbs + (self._joining(learn) if learn is not None else [])
+        for e, handlers in self._handlers(sort_callbacks(cbs)).items():
+            print(f"{e:<20}{', '.join(type(cb).__name__ for cb in handlers) or '-'}")
 
     def __call__(self, event: str) -> None:
         for handler in self._table[event]: handler()
@@ -199,19 +310,20 @@ class Runner:
         self.iters = len(dl)
         for xb, yb in dl: self.one_batch(xb, yb)
 
-    def fit(self, epochs: int, learn: Learner, start_epoch: int = 0) -> None:
-        "Train `learn` for `epochs` (from epoch `start_epoch`, to resume), with these callbacks, the learner's and its metrics'."
+    def fit(self, epochs: int, learn: Learner, start_epoch: int = 0, cb_states: dict | None = None) -> None:
+        "Train `learn` for `epochs` with these callbacks, the learner's and its metrics'; to resume, from `start_epoch` with `cb_states`."
         if not isinstance(epochs, int) or epochs < 0: raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
         if not isinstance(start_epoch, int) or not 0 <= start_epoch <= epochs:
             raise ValueError(f"start_epoch must be an int in [0, epochs={epochs}], got {start_epoch!r}")
-        joining = [cb for cb in learn.cbs if cb not in self.cbs]
-        if learn.metrics and not any(isinstance(cb, AvgStatsCallback) for cb in self.cbs + joining):
-            joining.append(AvgStatsCallback(learn.metrics))
-        self.add_cbs(joining)
+        if cb_states is not None and not isinstance(cb_states, dict):
+            raise TypeError(f"cb_states must be a dict of callback states (from callback_states), got {type(cb_states).__name__}")
+        self.add_cbs(self._joining(learn))
         self._build_table()
         self.epochs, self.start_epoch, self.learn, self.loss = epochs, start_epoch, learn, torch.tensor(0.)
+        logger = self.logger  # callbacks may replace the logger for this fit; it is put back when the fit ends
         try:
             self('begin_fit')
+            if cb_states is not None: load_callback_states(self.cbs, cb_states)  # after begin_fit has reset them
             for epoch in range(start_epoch, epochs):
                 self.epoch = epoch
                 try:
@@ -224,7 +336,8 @@ class Runner:
                 self('after_epoch')
         except CancelTrainException: self('after_cancel_train')
         finally:
-            self('after_fit')
+            try: self('after_fit')
+            finally: self.logger = logger
 
 # %% ../nbs/04_callbacks.ipynb #76e64f2d
 class AvgStats:
@@ -234,7 +347,8 @@ class AvgStats:
         self.reset()
 
     def reset(self) -> None:
-        self.tot_loss, self.count, self.tot_mets = 0., 0, [0.] * len(self.metrics)
+        # zeros as fp32 tensors: a half-precision loss (to_fp16(loss_fp32=False)) is then summed in fp32
+        self.tot_loss, self.count, self.tot_mets = torch.zeros(()), 0, [torch.zeros(()) for _ in self.metrics]
 
     @property
     def all_stats(self) -> list: return [self.tot_loss, *self.tot_mets]
@@ -256,10 +370,10 @@ class AvgStats:
         return f"{'train' if self.in_train else 'valid'}: {self.avg_stats}"
 
 class AvgStatsCallback(Callback):
-    "Averages loss and `metrics` per epoch for training and validation; prints a table row per epoch."
+    "Averages loss and `metrics` per epoch for training and validation; hands each epoch's row to the runner's logger."
     def __init__(self, metrics: Sequence[Callable] | Callable | None = None, print_stats: bool = True):
         self.train_stats, self.valid_stats = AvgStats(metrics, True), AvgStats(metrics, False)
-        self.print_stats, self.history = print_stats, []
+        self.print_stats, self.history, self.n_logged = print_stats, [], 0  # print_stats=False: keep the rows, log none
 
     @property
     def names(self) -> list[str]:
@@ -268,8 +382,8 @@ class AvgStatsCallback(Callback):
         return ['epoch'] + [f'train_{m}' for m in mets] + [f'valid_{m}' for m in mets] + ['time']
 
     def begin_fit(self):
-        self.history = []
-        if self.print_stats: print(''.join(f'{n:>16}' for n in self.names))
+        self.history, self.n_logged = [], 0
+        if self.print_stats: self.run.logger(self.names)
 
     def begin_epoch(self):
         self.train_stats.reset()
@@ -281,6 +395,40 @@ class AvgStatsCallback(Callback):
         with torch.no_grad(): stats.accumulate(self.run)
 
     def after_epoch(self):
-        row = [self.epoch, *self.train_stats.avg_stats, *self.valid_stats.avg_stats, time.perf_counter() - self.start]
-        self.history.append(dict(zip(self.names, row)))
-        if self.print_stats: print(f'{self.epoch:>16}' + ''.join(f'{v:>16.4f}' for v in row[1:-1]) + f'{row[-1]:>15.2f}s')
+        values = [self.epoch, *self.train_stats.avg_stats, *self.valid_stats.avg_stats, time.perf_counter() - self.start]
+        self.history.append(dict(zip(self.names, values)))
+        if self.print_stats:  # every row not logged yet: a resumed fit's first epoch logs the checkpoint's rows too
+            for row in self.history[self.n_logged:]: self.run.logger(row)
+        self.n_logged = len(self.history)
+
+    def state_dict(self) -> dict:
+        "The table so far, for a checkpoint: one dict per epoch."
+        return {'history': [dict(row) for row in self.history]}
+
+    def load_state_dict(self, state: dict) -> None:
+        "Take back the table of a checkpoint (its columns must be this callback's)."
+        history = state.get('history') if isinstance(state, dict) else None
+        if not isinstance(history, list) or not all(isinstance(row, dict) for row in history):
+            raise ValueError(f"an AvgStatsCallback state holds 'history', a list of rows (dicts); got {state!r}")
+        for row in history:
+            if list(row) != self.names:
+                raise ValueError(f"the checkpoint's table has the columns {list(row)}; this AvgStatsCallback's are {self.names}")
+        self.history, self.n_logged = [dict(row) for row in history], 0
+
+# %% ../nbs/04_callbacks.ipynb #5c1a9e80
+def _keyed(cbs: Iterable[Callback]) -> Iterable[tuple[str, Callback]]:
+    "Each callback of `cbs` under a key of its own: its name, then `name_2`, `name_3`, ... for more of that name."
+    seen: dict[str, int] = {}
+    for cb in cbs:
+        seen[cb.name] = n = seen.get(cb.name, 0) + 1
+        yield (cb.name if n == 1 else f'{cb.name}_{n}'), cb
+
+def callback_states(cbs: Iterable[Callback]) -> dict[str, dict]:
+    "The checkpoint state of each callback of `cbs` that has one, under its name."
+    return {key: state for key, cb in _keyed(cbs) if (state := cb.state_dict())}
+
+def load_callback_states(cbs: Iterable[Callback], states: dict[str, dict]) -> None:
+    "Give each callback of `cbs` its state from `states` (made by `callback_states`); states for others are left alone."
+    if not isinstance(states, dict): raise TypeError(f"states must be a dict (from callback_states), got {type(states).__name__}")
+    for key, cb in _keyed(cbs):
+        if key in states: cb.load_state_dict(states[key])

@@ -16,13 +16,11 @@ from .minibatch import Dataset, get_dls
 
 # %% auto #0
 __all__ = ['BatchTransformXCallback', 'view_tfm', 'Lambda', 'flatten', 'get_cnn_model', 'default_device', 'DeviceCallback',
-           'conv_layer', 'simple_cnn', 'mnist_sample']
+           'CudaCallback', 'conv_layer', 'simple_cnn', 'mnist_sample']
 
 # %% ../nbs/08_cnn.ipynb #c87807b5
 class BatchTransformXCallback(Callback):
     "Replace each input batch `xb` by `tfm(xb)` (after it is on the device)."
-    _order = 2
-
     def __init__(self, tfm: Callable[[Tensor], Tensor]):
         if not callable(tfm): raise TypeError(f"tfm must be callable, got {tfm!r}")
         self.tfm = tfm
@@ -70,7 +68,8 @@ def default_device() -> torch.device:
 
 class DeviceCallback(Callback):
     "Put the model on `device` (default: `default_device()`) at `begin_fit`, and each batch at `begin_batch`."
-    _order = -5
+    _order = -5  # early: callbacks that use the model or the batch expect them on the device
+    run_before = (BatchTransformXCallback,)
 
     def __init__(self, device: torch.device | str | None = None):
         self.device = torch.device(device) if device is not None else default_device()
@@ -80,6 +79,12 @@ class DeviceCallback(Callback):
     def begin_batch(self):
         self.run.xb = self.xb.to(self.device, non_blocking=True)
         self.run.yb = self.yb.to(self.device, non_blocking=True)
+
+def CudaCallback() -> DeviceCallback:
+    "The course's `CudaCallback`: a `DeviceCallback('cuda')`, the model and every batch on the GPU."
+    if not torch.cuda.is_available():
+        raise RuntimeError("CudaCallback needs a CUDA GPU, and torch sees none here: DeviceCallback() picks the device there is")
+    return DeviceCallback('cuda')
 
 # %% ../nbs/08_cnn.ipynb #3e8941f2
 def conv_layer(ni: int, nf: int, ks: int = 3, stride: int = 2, bn: bool = False) -> nn.Sequential:

@@ -24,8 +24,8 @@ import torch
 from fastcore.script import call_parse
 
 # %% auto #0
-__all__ = ['IDX_DTYPES', 'IDX_FILES', 'DATASETS', 'KNOWN_DATA', 'MNIST5K_SHA256', 'parse_idx', 'read_idx', 'write_idx',
-           'DownloadError', 'data_dir', 'sha256sum', 'download_file', 'fetch_archive', 'fetch_dataset',
+__all__ = ['IDX_DTYPES', 'IDX_FILES', 'DATASETS', 'KNOWN_DATA', 'MNIST5K_SHA256', 'parse_idx', 'read_idx', 'atomic_write',
+           'write_idx', 'DownloadError', 'data_dir', 'sha256sum', 'download_file', 'fetch_archive', 'fetch_dataset',
            'load_idx_folder', 'get_data', 'show_images', 'normalize', 'set_seed', 'summarize', 'main']
 
 # %% ../nbs/01_data.ipynb #8d350155
@@ -72,8 +72,10 @@ def _file_mode() -> int:
     os.umask(umask)
     return 0o666 & ~umask
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    "Write `data` to `path` through a temporary file and a rename, so readers never see half a file."
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    "Write `data` to `path` through a temporary file, fsync and a rename, so readers never see half a file."
+    if not isinstance(data, (bytes, bytearray, memoryview)): raise TypeError(f"data must be bytes, got {type(data).__name__}")
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.part')
     try:
@@ -97,7 +99,7 @@ def write_idx(path: str | os.PathLike, t: torch.Tensor) -> Path:
     code = _IDX_CODES[t.dtype]
     data = bytes([0, 0, code, t.dim()]) + b''.join(d.to_bytes(4, 'big') for d in t.shape)
     data += t.detach().cpu().contiguous().numpy().astype(IDX_DTYPES[code]).tobytes()
-    _atomic_write(path, gzip.compress(data, mtime=0) if path.suffix == '.gz' else data)
+    atomic_write(path, gzip.compress(data, mtime=0) if path.suffix == '.gz' else data)
     return path
 
 # %% ../nbs/01_data.ipynb #1255b321
@@ -194,7 +196,7 @@ def fetch_archive(archive: dict, folder: str | os.PathLike) -> Path:
                 except KeyError: raise DownloadError(f"{archive['url']} has no {member}") from None
                 got = hashlib.sha256(data).hexdigest()
                 if got != sha: raise DownloadError(f"{member} in {archive['url']} has sha256 {got}, not the pinned {sha}")
-                _atomic_write(folder / fname, data)
+                atomic_write(folder / fname, data)
     except zipfile.BadZipFile as e: raise DownloadError(f"{archive['url']} is not a zip archive ({e})") from e
     finally: zip_path.unlink(missing_ok=True)
     return folder

@@ -11,7 +11,6 @@ import os
 import subprocess
 import sys
 from datetime import timedelta
-from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import torch
@@ -23,12 +22,14 @@ from torch.nn.parallel import DistributedDataParallel
 from .callbacks import AvgStatsCallback, Callback, DataBunch, Learner
 from .cnn import DeviceCallback
 from .early_stopping import LRFinder
+from .fp16 import MixedPrecision
 from .minibatch import DataLoader, Sampler
-import exp.learner  # Learner.save, which rank 0 alone runs on a distributed learner
+from .progress import ProgressCallback
+import exp.learner  # the Learner's fit, display and rank-aware save (notebook 10), which to_distributed relies on
 
 # %% auto #0
 __all__ = ['ENV_VARS', 'ShardedSampler', 'launch', 'rank_lines', 'DistributedError', 'torchrun_env', 'shutdown',
-           'broadcast_model', 'DistributedCallback', 'distributed_callback']
+           'broadcast_model', 'DistributedCallback']
 
 # %% ../nbs/12_distributed.ipynb #5b1f0ea3
 class ShardedSampler:
@@ -130,26 +131,26 @@ def broadcast_model(model: nn.Module, src: int = 0) -> None:
         for t in [*model.parameters(), *model.buffers()]: _collective('broadcasting the model', dist.broadcast, t.data, src)
 
 # %% ../nbs/12_distributed.ipynb #f07e27c1
+def _silent(row) -> None:
+    "The logger of ranks other than 0: the table is rank 0's to show."
+
 class DistributedCallback(Callback):
     "Data-parallel training: DDP in training, the plain model in validation, statistics summed over ranks, output on rank 0."
-    _order = -1  # after DeviceCallback (-5), before AvgStatsCallback (0) and MixedPrecision (99)
+    run_after = (DeviceCallback, ProgressCallback)  # the model on its device; the logger we replace is the one to silence
+    run_before = (AvgStatsCallback, MixedPrecision)  # sums summed before the row is made; weights broadcast before the masters
 
     def __init__(self, rank: int, world_size: int, device_ids: list[int] | None = None):
         self.rank, self.world_size, self.device_ids = rank, world_size, device_ids
-        self.module = self.ddp = None
-        self.stats, self.printed = [], []  # the fit's AvgStatsCallbacks, and whether each printed before
+        self.module = self.ddp = self.stats = None
 
     def __repr__(self) -> str: return f'{type(self).__name__}(rank {self.rank} of {self.world_size})'
 
     def begin_fit(self):
-        if any(isinstance(cb, LRFinder) for cb in self.run.cbs):
+        if self.run.find(LRFinder) is not None:
             raise ValueError("the LR finder cannot run data-parallel (each process would stop at its own loss): "
                              "find the lr in one process, then train with it")
-        self.module, self.ddp = self.learn.model, None
-        self.stats = [cb for cb in self.run.cbs if isinstance(cb, AvgStatsCallback)]
-        self.printed = [s.print_stats for s in self.stats]
-        if self.rank != 0:
-            for s in self.stats: s.print_stats = False
+        self.module, self.ddp, self.stats = self.learn.model, None, self.run.find(AvgStatsCallback)
+        if self.rank != 0: self.run.logger = _silent  # the runner puts its own back after the fit
         broadcast_model(self.module)  # every process starts from rank 0's weights (before fp16 copies them)
 
     def begin_epoch(self):
@@ -170,14 +171,13 @@ class DistributedCallback(Callback):
 
     def after_epoch(self):
         self.learn.model = self.module
-        for s in self.stats:
-            self._reduce(s.train_stats)
-            self._reduce(s.valid_stats)
+        if self.stats is None: return
+        self._reduce(self.stats.train_stats)
+        self._reduce(self.stats.valid_stats)
 
     def after_fit(self):
         if self.module is not None: self.learn.model = self.module
         self.ddp = None  # its hooks go with it
-        for s, printed in zip(self.stats, self.printed): s.print_stats = printed
 
 # %% ../nbs/12_distributed.ipynb #65c86236
 def _batch_size(dl) -> int:
@@ -233,31 +233,8 @@ def to_distributed(self: Learner, backend: str | None = None, timeout: float = 3
     data = self.data
     self.data = DataBunch(_shard(data.train_dl, bs // world, rank, world, seed, train=True),
                           _shard(data.valid_dl, max(1, valid_bs // world), rank, world, seed, train=False), data.c)
+    self.rank, self.world_size = rank, world
     if rank != 0: self.display = 'off'
     self.cbs = [cb for cb in self.cbs if not isinstance(cb, DistributedCallback)]
     self.cbs.append(DistributedCallback(rank, world, device_ids=[local_rank] if device.type == 'cuda' else None))
     return self
-
-# %% ../nbs/12_distributed.ipynb #2e294082
-def distributed_callback(learn: Learner) -> DistributedCallback | None:
-    "The learner's DistributedCallback, if `to_distributed` gave it one."
-    return next((cb for cb in learn.cbs if isinstance(cb, DistributedCallback)), None)
-
-@patch(as_prop=True)
-def rank(self: Learner) -> int:
-    "This process's rank: 0 unless the learner is distributed."
-    cb = distributed_callback(self)
-    return 0 if cb is None else cb.rank
-
-@patch(as_prop=True)
-def world_size(self: Learner) -> int:
-    "The number of processes training this learner: 1 unless it is distributed."
-    cb = distributed_callback(self)
-    return 1 if cb is None else cb.world_size
-
-_save_checkpoint = Learner.save  # notebook 10's
-
-@patch
-def save(self: Learner, path: str | os.PathLike) -> Path:
-    "Write a checkpoint to `path` (on rank 0 alone, for a distributed learner); returns the path."
-    return _save_checkpoint(self, path) if self.rank == 0 else Path(path)

@@ -13,7 +13,7 @@ from numbers import Integral, Real
 from .callbacks import AvgStatsCallback, Callback, CancelEpochException, CancelTrainException
 
 # %% auto #0
-__all__ = ['LRFinder', 'EarlyStopping']
+__all__ = ['LR_Find', 'opt_state', 'load_opt_state', 'LRFinder', 'TrackerCallback', 'EarlyStopping']
 
 # %% ../nbs/06_early_stopping.ipynb #2f891b88
 def _check_positive(name: str, value) -> float:
@@ -23,20 +23,18 @@ def _check_positive(name: str, value) -> float:
     if not (math.isfinite(value) and value > 0): raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
     return float(value)
 
-def _state(opt) -> dict:
-    "A copy of the optimizer's state: its `state_dict`, or its groups' hyperparameters if it has none."
+def opt_state(opt) -> dict:
+    "A copy of the optimizer's state: its `state_dict`, or its groups' hyperparameters if it has none (notebook 03's)."
     if hasattr(opt, 'state_dict'): return deepcopy(opt.state_dict())
     return {'hypers': [{k: deepcopy(v) for k, v in pg.items() if k != 'params'} for pg in opt.param_groups]}
 
-def _restore(opt, state: dict) -> None:
-    "Put back a state that `_state` copied."
+def load_opt_state(opt, state: dict) -> None:
+    "Put back into `opt` a state that `opt_state` copied."
     if 'hypers' not in state: return opt.load_state_dict(state)
     for pg, hypers in zip(opt.param_groups, state['hypers']): pg.update(hypers)
 
 class LRFinder(Callback):
     "Raises the lr from `min_lr` to `max_lr` exponentially over `max_iter` batches; restores model and optimizer after."
-    _order = 1
-
     def __init__(self, max_iter: int = 100, min_lr: float = 1e-6, max_lr: float = 10.):
         if isinstance(max_iter, bool) or not isinstance(max_iter, Integral):
             raise TypeError(f"max_iter must be an int, got {max_iter!r}")
@@ -51,7 +49,7 @@ class LRFinder(Callback):
 
     def begin_fit(self):
         self.best_loss = math.inf
-        self.model_state, self.opt_state = deepcopy(self.model.state_dict()), _state(self.opt)
+        self.model_state, self.opt_state = deepcopy(self.model.state_dict()), opt_state(self.opt)
         n = self.epochs * len(self.data.train_dl)
         if n < self.max_iter:
             warnings.warn(f"LRFinder: {self.epochs} epoch(s) of {len(self.data.train_dl)} batches cannot reach "
@@ -73,8 +71,10 @@ class LRFinder(Callback):
     def after_fit(self):
         if self.model_state is None: return  # an earlier callback's begin_fit failed before ours ran
         self.model.load_state_dict(self.model_state)
-        _restore(self.opt, self.opt_state)
+        load_opt_state(self.opt, self.opt_state)
         self.model_state = self.opt_state = None
+
+LR_Find = LRFinder  # the course's name for it (course-v3's 05b): `Runner(cb_funcs=[LR_Find, Recorder])`
 
 # %% ../nbs/06_early_stopping.ipynb #30e04748
 _MINIMISE = ('loss', 'error', 'err', 'mse', 'mae')
@@ -90,38 +90,31 @@ def _monitor_mode(monitor: str, mode: str) -> str:
     raise ValueError(f"mode='auto' cannot tell whether monitor={monitor!r} should go down or up: "
                      "give mode='min' or 'max'")
 
-class EarlyStopping(Callback):
-    "Stops training (CancelTrainException) when `monitor` has not improved by > `min_delta` for `patience` epochs."
-    _order = 10  # after AvgStatsCallback (0): its after_epoch adds the row that we read
+class TrackerCallback(Callback):
+    "Watches `monitor`, a column of AvgStatsCallback's table: after each epoch, `new_best` says if it beat `best` by > `min_delta`."
+    run_after = (AvgStatsCallback,)  # its after_epoch adds the row that we read
 
-    def __init__(self, monitor: str = 'valid_loss', patience: int = 3, min_delta: float = 0., mode: str = 'auto'):
+    def __init__(self, monitor: str = 'valid_loss', min_delta: float = 0., mode: str = 'auto'):
         if not isinstance(monitor, str) or not monitor:
             raise TypeError(f"monitor must be a column name, got {monitor!r}")
         if monitor in ('epoch', 'time'):
             raise ValueError(f"monitor={monitor!r} is not a metric: monitor a loss or a metric")
-        if isinstance(patience, bool) or not isinstance(patience, Integral):
-            raise TypeError(f"patience must be an int, got {patience!r}")
-        if patience < 1: raise ValueError(f"patience must be >= 1, got {patience}")
         if isinstance(min_delta, bool) or not isinstance(min_delta, Real) or not min_delta >= 0:
             raise ValueError(f"min_delta must be a number >= 0, got {min_delta!r}")
-        self.monitor, self.patience, self.min_delta = monitor, int(patience), float(min_delta)
-        self.mode = _monitor_mode(monitor, mode)
-        self.best = self.best_epoch = self.stopped_epoch = self.reason = None
-
-    def __repr__(self) -> str:
-        return (f'{type(self).__name__}({self.monitor!r}, patience={self.patience}, min_delta={self.min_delta}, '
-                f'mode={self.mode!r})')
+        self.monitor, self.min_delta, self.mode = monitor, float(min_delta), _monitor_mode(monitor, mode)
+        self.best = self.best_epoch = None
+        self.new_best = False
 
     def begin_fit(self):
-        stats = [cb for cb in self.run.cbs if isinstance(cb, AvgStatsCallback)]
-        if not stats: raise ValueError(f"EarlyStopping(monitor={self.monitor!r}) needs an AvgStatsCallback to read: "
-                                       "give the Learner metrics, or add AvgStatsCallback to the Runner")
-        self.stats = stats[0]
+        self.stats = self.run.find(AvgStatsCallback)
+        if self.stats is None:
+            raise ValueError(f"{type(self).__name__}(monitor={self.monitor!r}) needs an AvgStatsCallback to read: "
+                             "give the Learner metrics, or add AvgStatsCallback to the Runner")
         columns = [n for n in self.stats.names if n not in ('epoch', 'time')]
         if self.monitor not in columns:
             raise ValueError(f"monitor={self.monitor!r} is not a column of AvgStatsCallback's history; "
                              f"it has: {', '.join(columns)}")
-        self.best, self.best_epoch, self.wait, self.stopped_epoch, self.reason = None, None, 0, None, None
+        self.best, self.best_epoch, self.new_best = None, None, False
 
     def improved(self, value: float) -> bool:
         "Whether `value` beats the best so far by more than `min_delta` (NaN never does)."
@@ -131,8 +124,44 @@ class EarlyStopping(Callback):
 
     def after_epoch(self):
         value = self.stats.history[-1][self.monitor]
-        if self.improved(value):
-            self.best, self.best_epoch, self.wait = value, self.epoch, 0
+        self.new_best = self.improved(value)
+        if self.new_best: self.best, self.best_epoch = value, self.epoch
+
+    def state_dict(self) -> dict:
+        "The best value so far and its epoch, for a checkpoint."
+        return {'best': self.best, 'best_epoch': self.best_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        "Take back the best value and its epoch from a checkpoint."
+        best, epoch = (state.get('best'), state.get('best_epoch')) if isinstance(state, dict) else ('?', '?')
+        number = isinstance(best, Real) and not isinstance(best, bool) and not math.isnan(best) and isinstance(epoch, int)
+        if not (number or (best is None and epoch is None)):
+            raise ValueError(f"a {type(self).__name__} state holds 'best' (a number, not NaN) and 'best_epoch' (an int), "
+                             f"or None for both; got {state!r}")
+        self.best, self.best_epoch = best, epoch
+
+# %% ../nbs/06_early_stopping.ipynb #a2c4e6f8
+class EarlyStopping(TrackerCallback):
+    "Stops training (CancelTrainException) when `monitor` has not improved by > `min_delta` for `patience` epochs."
+    def __init__(self, monitor: str = 'valid_loss', patience: int = 3, min_delta: float = 0., mode: str = 'auto'):
+        super().__init__(monitor, min_delta, mode)
+        if isinstance(patience, bool) or not isinstance(patience, Integral):
+            raise TypeError(f"patience must be an int, got {patience!r}")
+        if patience < 1: raise ValueError(f"patience must be >= 1, got {patience}")
+        self.patience, self.wait, self.stopped_epoch, self.reason = int(patience), 0, None, None
+
+    def __repr__(self) -> str:
+        return (f'{type(self).__name__}({self.monitor!r}, patience={self.patience}, min_delta={self.min_delta}, '
+                f'mode={self.mode!r})')
+
+    def begin_fit(self):
+        super().begin_fit()
+        self.wait, self.stopped_epoch, self.reason = 0, None, None
+
+    def after_epoch(self):
+        super().after_epoch()
+        if self.new_best:
+            self.wait = 0
             return
         self.wait += 1
         if self.wait < self.patience: return
@@ -146,3 +175,15 @@ class EarlyStopping(Callback):
     def after_cancel_train(self):
         # printed here rather than where we raise, so that it comes after the table's last row
         if self.stopped_epoch is not None: print(self.reason)
+
+    def state_dict(self) -> dict:
+        "The tracker's best, and how many epochs it has waited for a better one."
+        return {**super().state_dict(), 'wait': self.wait}
+
+    def load_state_dict(self, state: dict) -> None:
+        "Take back the best and the wait from a checkpoint."
+        wait = state.get('wait') if isinstance(state, dict) else None
+        if isinstance(wait, bool) or not isinstance(wait, int) or wait < 0:
+            raise ValueError(f"an EarlyStopping state holds 'wait', an int >= 0; got {state!r}")
+        super().load_state_dict(state)
+        self.wait = wait

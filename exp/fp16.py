@@ -8,11 +8,14 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .callbacks import Callback, CancelStepException, Learner
+from .anneal import Recorder
+from .callbacks import AvgStatsCallback, Callback, CancelStepException, Learner
+from .cnn import DeviceCallback
+from .early_stopping import LRFinder, opt_state
 
 # %% auto #0
-__all__ = ['model_to_half', 'get_master', 'model_grads_to_master', 'master_to_model', 'swap_params', 'grads_overflow',
-           'MixedPrecision', 'to_fp16', 'to_bf16']
+__all__ = ['model_to_half', 'get_master', 'to_master_grads', 'to_model_params', 'swap_params', 'grad_overflow', 'MixedPrecision',
+           'to_fp16', 'to_bf16']
 
 # %% ../nbs/09_fp16.ipynb #887a54dc
 _BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
@@ -27,18 +30,20 @@ def model_to_half(model: nn.Module, dtype: torch.dtype = torch.float16) -> nn.Mo
     return model
 
 # %% ../nbs/09_fp16.ipynb #013a75a3
-def get_master(model_pgs: list[list[Tensor]], flat_master: bool = False) -> list[list[Tensor]]:
-    "fp32 copies of the parameter groups `model_pgs`: one per parameter, or one flat vector per group."
+def get_master(opt: torch.optim.Optimizer, flat_master: bool = False) -> tuple[list[list[Tensor]], list[list[Tensor]]]:
+    "The parameter groups of `opt` (`model_pgs`) and fp32 copies of them (`master_pgs`): one per parameter, or one flat vector per group."
+    model_pgs = [list(pg['params']) for pg in opt.param_groups]
     if flat_master:
-        return [[nn.Parameter(torch.cat([p.detach().float().reshape(-1) for p in pg]))] if pg else []
-                for pg in model_pgs]
-    return [[nn.Parameter(p.detach().float().clone(), requires_grad=p.requires_grad) for p in pg] for pg in model_pgs]
+        master_pgs = [[nn.Parameter(torch.cat([p.detach().float().reshape(-1) for p in pg]))] if pg else [] for pg in model_pgs]
+    else:
+        master_pgs = [[nn.Parameter(p.detach().float().clone(), requires_grad=p.requires_grad) for p in pg] for pg in model_pgs]
+    return model_pgs, master_pgs
 
 def _slices(flat: Tensor, params: list[Tensor]) -> list[Tensor]:
     "Views into the flat vector `flat`, one shaped like each of `params`."
     return [s.view_as(p) for s, p in zip(flat.split([p.numel() for p in params]), params)]
 
-def model_grads_to_master(model_pgs: list[list[Tensor]], master_pgs: list[list[Tensor]], flat_master: bool = False) -> None:
+def to_master_grads(model_pgs: list[list[Tensor]], master_pgs: list[list[Tensor]], flat_master: bool = False) -> None:
     "Copy the model's gradients into the masters' `.grad` in fp32 (a flat master counts a missing gradient as zero)."
     for model_params, master_params in zip(model_pgs, master_pgs):
         if not model_params: continue
@@ -48,7 +53,7 @@ def model_grads_to_master(model_pgs: list[list[Tensor]], master_pgs: list[list[T
         else:
             for mp, p in zip(master_params, model_params): mp.grad = None if p.grad is None else p.grad.float()
 
-def master_to_model(model_pgs: list[list[Tensor]], master_pgs: list[list[Tensor]], flat_master: bool = False) -> None:
+def to_model_params(model_pgs: list[list[Tensor]], master_pgs: list[list[Tensor]], flat_master: bool = False) -> None:
     "Copy the master weights into the model's parameters (each converted to its own dtype)."
     with torch.no_grad():
         for model_params, master_params in zip(model_pgs, master_pgs):
@@ -71,7 +76,9 @@ def _move_state(opt: torch.optim.Optimizer, src: list[Tensor], dst: list[Tensor]
     elif from_flat:
         state = opt.state.pop(src[0])
         split = {k: _slices(v, dst) for k, v in state.items() if _per_param(v, src[0], k)}
-        for i, p in enumerate(dst): opt.state[p] = {k: split[k][i].clone() if k in split else v for k, v in state.items()}
+        for i, p in enumerate(dst):  # a step count is copied too: one tensor shared by all would be counted once per parameter
+            opt.state[p] = {k: split[k][i].clone() if k in split else v.clone() if isinstance(v, Tensor) else v
+                            for k, v in state.items()}
     else:
         for s, d in zip(src, dst):
             if s in opt.state: opt.state[d] = opt.state.pop(s)
@@ -84,37 +91,38 @@ def swap_params(opt: torch.optim.Optimizer, old_pgs: list[list[Tensor]], new_pgs
         pg['params'] = list(new)
 
 # %% ../nbs/09_fp16.ipynb #97287d55
-def grads_overflow(params: list[Tensor]) -> bool:
-    "Whether any gradient of `params` holds an inf or a nan."
-    sums = [p.grad.sum() for p in params if p.grad is not None]
+def grad_overflow(param_groups: list[list[Tensor]]) -> bool:
+    "Whether any gradient in `param_groups` (lists of parameters, as `get_master` returns them) holds an inf or a nan."
+    sums = [p.grad.sum() for pg in param_groups for p in pg if p.grad is not None]
     return bool(sums) and not bool(torch.stack(sums).isfinite().all())
 
 # %% ../nbs/09_fp16.ipynb #3a300504
 class MixedPrecision(Callback):
     "Train in half precision with fp32 master weights and (dynamic) loss scaling; bf16 needs no scaling."
-    _order = 99
+    _order = 99  # late: every other callback sees the true loss, and we see every change to the gradients
+    run_after = (DeviceCallback, AvgStatsCallback, Recorder, LRFinder)  # why: see the text above
 
     def __init__(self, loss_scale: float | None = None, max_noskip: int = 1000, dynamic: bool = True,
                  clip: float | None = None, flat_master: bool = False, max_scale: float = 2.**24,
-                 dtype: torch.dtype = torch.float16):
+                 loss_fp32: bool = True, dtype: torch.dtype = torch.float16):
         if dtype not in (torch.float16, torch.bfloat16): raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
         if not isinstance(max_noskip, int) or max_noskip < 1: raise ValueError(f"max_noskip must be an int >= 1, got {max_noskip!r}")
         if clip is not None and not clip > 0: raise ValueError(f"clip must be > 0 or None, got {clip}")
+        if not isinstance(loss_fp32, bool): raise TypeError(f"loss_fp32 must be True or False, got {loss_fp32!r}")
         if dtype == torch.bfloat16: loss_scale, dynamic = 1., False  # bf16 has fp32's range: nothing to scale
         if loss_scale is None: loss_scale = 2.**16 if dynamic else 512.
         if not loss_scale > 0 or not max_scale >= loss_scale:
             raise ValueError(f"need 0 < loss_scale <= max_scale, got loss_scale={loss_scale}, max_scale={max_scale}")
         self.loss_scale, self.max_noskip, self.dynamic, self.clip = float(loss_scale), max_noskip, dynamic, clip
-        self.flat_master, self.max_scale, self.dtype = flat_master, float(max_scale), dtype
+        self.flat_master, self.max_scale, self.loss_fp32, self.dtype = flat_master, float(max_scale), loss_fp32, dtype
         self.noskip, self.skipped, self.model_pgs, self.master_pgs = 0, 0, None, None
 
     def begin_fit(self):
-        self.model_pgs = [list(pg['params']) for pg in self.opt.param_groups]
-        if self.flat_master and not all(p.requires_grad for pg in self.model_pgs for p in pg):
+        if self.flat_master and not all(p.requires_grad for pg in self.opt.param_groups for p in pg['params']):
             # a flat vector has one gradient for all: a frozen parameter in it would still move (weight decay, momentum)
             raise ValueError("flat_master=True needs every parameter in the optimizer to require grad; "
                              "freeze parameters by leaving them out of the optimizer, or use flat_master=False")
-        self.master_pgs = get_master(self.model_pgs, self.flat_master)  # from the fp32 weights, before rounding
+        self.model_pgs, self.master_pgs = get_master(self.opt, self.flat_master)  # from the fp32 weights, before rounding
         model_to_half(self.model, self.dtype)
         swap_params(self.opt, self.model_pgs, self.master_pgs, to_flat=self.flat_master)
 
@@ -122,7 +130,7 @@ class MixedPrecision(Callback):
         if self.xb.is_floating_point(): self.run.xb = self.xb.to(self.dtype)
 
     def after_pred(self):
-        if self.pred.is_floating_point(): self.run.pred = self.pred.float()
+        if self.loss_fp32 and self.pred.is_floating_point(): self.run.pred = self.pred.float()
 
     def after_loss(self):
         if not self.in_train: return
@@ -131,15 +139,16 @@ class MixedPrecision(Callback):
 
     def after_backward(self):
         self.run.loss = self.unscaled_loss  # later callbacks (Recorder) see the true loss
-        model_grads_to_master(self.model_pgs, self.master_pgs, self.flat_master)
-        masters = [p for pg in self.master_pgs for p in pg if p.grad is not None]
-        if self.dynamic and grads_overflow(masters):
+        to_master_grads(self.model_pgs, self.master_pgs, self.flat_master)
+        if self.dynamic and grad_overflow(self.master_pgs):
             self.loss_scale /= 2
             self.noskip = 0
             self.skipped += 1
-            for p in masters: p.grad = None
+            for pg in self.master_pgs:
+                for p in pg: p.grad = None
             self._zero_model_grads()
             raise CancelStepException()
+        masters = [p for pg in self.master_pgs for p in pg if p.grad is not None]
         if self.loss_scale != 1.:
             torch._foreach_mul_([p.grad for p in masters], 1. / self.loss_scale)
         if self.clip is not None: nn.utils.clip_grad_norm_(masters, self.clip)
@@ -150,7 +159,7 @@ class MixedPrecision(Callback):
                 self.noskip = 0
 
     def after_step(self):
-        master_to_model(self.model_pgs, self.master_pgs, self.flat_master)
+        to_model_params(self.model_pgs, self.master_pgs, self.flat_master)
         self._zero_model_grads()
 
     def _zero_model_grads(self):
@@ -160,16 +169,44 @@ class MixedPrecision(Callback):
     def after_fit(self):
         if self.master_pgs is None: return  # begin_fit never ran to the end
         self.model.float()
-        master_to_model(self.model_pgs, self.master_pgs, self.flat_master)
+        to_model_params(self.model_pgs, self.master_pgs, self.flat_master)
         swap_params(self.opt, self.master_pgs, self.model_pgs, from_flat=self.flat_master)
         self._zero_model_grads()
         self.model_pgs = self.master_pgs = None
 
+    def state_dict(self) -> dict:
+        "The loss scaler, for a checkpoint: the scale, the good steps in a row, the steps skipped."
+        return {'loss_scale': self.loss_scale, 'noskip': self.noskip, 'skipped': self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        "Take back the loss scaler of a checkpoint."
+        scale, noskip, skipped = (state.get(k) for k in ('loss_scale', 'noskip', 'skipped')) if isinstance(state, dict) else [None] * 3
+        counts = all(isinstance(n, int) and n >= 0 for n in (noskip, skipped))
+        if not (isinstance(scale, (int, float)) and 0 < scale <= self.max_scale and counts):
+            raise ValueError(f"a MixedPrecision state holds 'loss_scale' (in (0, max_scale={self.max_scale:g}]), 'noskip' and "
+                             f"'skipped' (ints >= 0); got {state!r}")
+        self.loss_scale, self.noskip, self.skipped = float(scale), noskip, skipped
+
+    def fp32_state(self) -> tuple[dict, dict] | None:
+        "During a fit, the model's and optimizer's state dicts as they will be after it (fp32 masters); None outside one."
+        if self.master_pgs is None: return None
+        master_of = {}
+        for params, masters in zip(self.model_pgs, self.master_pgs):
+            views = _slices(masters[0], params) if self.flat_master and params else masters
+            master_of.update({id(p): m for p, m in zip(params, views)})
+        model_state = {k: v.float() if v.is_floating_point() else v for k, v in self.model.state_dict().items()}
+        for name, p in self.model.named_parameters():
+            if id(p) in master_of: model_state[name] = master_of[id(p)].detach().clone()
+        swap_params(self.opt, self.master_pgs, self.model_pgs, from_flat=self.flat_master)  # for a moment, as after fit
+        try: opt_state_dict = opt_state(self.opt)
+        finally: swap_params(self.opt, self.model_pgs, self.master_pgs, to_flat=self.flat_master)
+        return model_state, opt_state_dict
+
 def to_fp16(learn: Learner, loss_scale: float | None = None, max_noskip: int = 1000, dynamic: bool = True,
-            clip: float | None = None, flat_master: bool = False, max_scale: float = 2.**24) -> Learner:
-    "Add a `MixedPrecision` callback (fp16) to `learn`; returns `learn`."
+            clip: float | None = None, flat_master: bool = False, max_scale: float = 2.**24, loss_fp32: bool = True) -> Learner:
+    "Add a `MixedPrecision` callback (fp16) to `learn`; returns `learn`. The arguments are fastai v1's."
     learn.cbs = [cb for cb in learn.cbs if not isinstance(cb, MixedPrecision)]
-    learn.cbs.append(MixedPrecision(loss_scale, max_noskip, dynamic, clip, flat_master, max_scale))
+    learn.cbs.append(MixedPrecision(loss_scale, max_noskip, dynamic, clip, flat_master, max_scale, loss_fp32))
     return learn
 
 def to_bf16(learn: Learner, clip: float | None = None, flat_master: bool = False) -> Learner:

@@ -11,7 +11,7 @@ import os
 import pickle
 import random
 import sys
-from copy import deepcopy
+from numbers import Real
 from pathlib import Path
 from typing import Sequence
 
@@ -20,11 +20,11 @@ import torch
 from fastcore.basics import listify, patch
 
 from .anneal import Recorder, sched_1cycle
-from .callbacks import AvgStatsCallback, Callback, DataBunch, Learner, Runner
-from .data import _atomic_write
-from .early_stopping import LRFinder, _monitor_mode, _restore, _state
+from .callbacks import AvgStatsCallback, Callback, DataBunch, Learner, Runner, callback_states, load_callback_states
+from .data import atomic_write
+from .early_stopping import EarlyStopping, LRFinder, TrackerCallback, load_opt_state, opt_state
 from . import fp16
-from .fp16 import MixedPrecision, _slices, swap_params
+from .fp16 import MixedPrecision
 from .progress import ProgressCallback
 
 # %% auto #0
@@ -33,6 +33,7 @@ __all__ = ['CHECKPOINT_VERSION', 'suggest_lr', 'SaveModelCallback']
 # %% ../nbs/10_learner.ipynb #196e6b60
 Learner.display = 'auto'  # ProgressCallback's display: 'auto', 'notebook', 'console', 'text' or 'off'
 Learner.run = None  # the Runner of the last fit
+Learner.rank, Learner.world_size = 0, 1  # this process's place in data-parallel training (notebook 12 sets them)
 
 @patch(as_prop=True)
 def recorder(self: Learner) -> Recorder | None:
@@ -42,16 +43,16 @@ def recorder(self: Learner) -> Recorder | None:
 @patch
 def fit(self: Learner, epochs: int, cbs: Sequence[Callback] | None = None, resume: str | os.PathLike | None = None) -> Runner:
     "Train for `epochs` with a Recorder, a progress bar and the learner's callbacks; `resume` continues a checkpointed run."
-    start_epoch = 0
+    start_epoch, cb_states = 0, None
     if resume is not None:
         state = self.load(resume)
         if state['epoch'] is None: raise ValueError(f"resume={str(resume)!r} was not saved during a fit: it has no epoch to resume after")
-        start_epoch = min(state['epoch'] + 1, epochs)
-        cbs = [*listify(cbs), _ResumedRecords(state)]  # the table and the plots go on from the checkpoint's
+        # the table, the plots and the trackers' bests go on from the checkpoint's
+        start_epoch, cb_states = min(state['epoch'] + 1, epochs), state['callbacks']
     self.run = Runner(cbs=[Recorder(), ProgressCallback(self.display), *listify(cbs)])
-    try: self.run.fit(epochs, self, start_epoch=start_epoch)
+    try: self.run.fit(epochs, self, start_epoch=start_epoch, cb_states=cb_states)
     except KeyboardInterrupt:
-        saver = next((cb for cb in self.run.cbs if isinstance(cb, SaveModelCallback)), None)
+        saver = self.run.find(SaveModelCallback)
         where = f"the last checkpoint is {saver.last_saved}" if saver and saver.last_saved else "no checkpoint was written"
         print(f"Interrupted during epoch {self.run.epoch}: the model is usable (fp32, callbacks done); {where}.", file=sys.stderr)
         raise
@@ -64,21 +65,35 @@ def _momentum_param(opt) -> tuple[str | None, int | None]:
     if 'momentum' in pg: return 'momentum', None
     return None, None
 
+def _positive(name: str, value) -> float:
+    "`value` as a float, if it is a number > 0; else raise naming `name`."
+    if isinstance(value, bool) or not isinstance(value, Real) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    return float(value)
+
 @patch
-def fit_one_cycle(self: Learner, epochs: int, max_lr: float | None = None, pct_start: float = 0.3,
-                  cbs: Sequence[Callback] | None = None, resume: str | os.PathLike | None = None) -> Runner:
-    "`fit` with the one-cycle schedule: lr up to `max_lr` (default `learn.lr`) and down, momentum down and up."
+def fit_one_cycle(self: Learner, cyc_len: int, max_lr: float | Sequence[float] | None = None,
+                  moms: tuple[float, float] = (0.95, 0.85), div_factor: float = 25., pct_start: float = 0.3,
+                  final_div: float | None = None, cbs: Sequence[Callback] | None = None,
+                  resume: str | os.PathLike | None = None) -> Runner:
+    "fastai v1's one-cycle over `cyc_len` epochs: lr `max_lr/div_factor` up to `max_lr`, down to `max_lr/final_div`; momentum the other way."
+    if not (isinstance(moms, (tuple, list)) and len(moms) == 2 and all(isinstance(m, Real) and not isinstance(m, bool) for m in moms)):
+        raise ValueError(f"moms must be two numbers, the momentum at the start (and end) and at the peak lr; got {moms!r}")
+    div_factor = _positive('div_factor', div_factor)
+    final_div = div_factor * 1e4 if final_div is None else _positive('final_div', final_div)
     pname, idx = _momentum_param(self.opt)
-    scheds = sched_1cycle(self.lr if max_lr is None else max_lr, pct_start, mom_pname=pname or 'momentum', mom_idx=idx)
+    scheds = sched_1cycle(self.lr if max_lr is None else max_lr, pct_start, mom_start=moms[0], mom_mid=moms[1],
+                          mom_end=moms[0], div_start=div_factor, div_end=final_div, mom_pname=pname or 'momentum', mom_idx=idx)
     if pname is None: scheds = scheds[:1]  # an optimizer without momentum: schedule the lr only
-    return self.fit(epochs, cbs=[*scheds, *listify(cbs)], resume=resume)
+    return self.fit(cyc_len, cbs=[*scheds, *listify(cbs)], resume=resume)
 
 # %% ../nbs/10_learner.ipynb #d43e32b5
 @patch
 def to_fp16(self: Learner, loss_scale: float | None = None, max_noskip: int = 1000, dynamic: bool = True,
-            clip: float | None = None, flat_master: bool = False, max_scale: float = 2.**24) -> Learner:
-    "Train in mixed precision (fp16, dynamic loss scaling); returns the learner."
-    return fp16.to_fp16(self, loss_scale, max_noskip, dynamic, clip, flat_master, max_scale)  # the module's: this name is the method
+            clip: float | None = None, flat_master: bool = False, max_scale: float = 2.**24, loss_fp32: bool = True) -> Learner:
+    "Train in mixed precision (fp16, dynamic loss scaling), with fastai v1's arguments; returns the learner."
+    # the module's function: within this method the name to_fp16 would be the method itself
+    return fp16.to_fp16(self, loss_scale, max_noskip, dynamic, clip, flat_master, max_scale, loss_fp32)
 
 @patch
 def to_bf16(self: Learner, clip: float | None = None, flat_master: bool = False) -> Learner:
@@ -126,38 +141,19 @@ def suggest_lr(lrs: Sequence[float], losses: Sequence[float], beta: float = 0.9)
 
 @patch
 def lr_find(self: Learner, max_iter: int = 100, min_lr: float = 1e-6, max_lr: float = 10.) -> float:
-    "Run the LR finder (weights and optimizer unchanged afterwards); returns a suggested lr. Plot: `learn.recorder.plot()`."
+    "Run the LR finder (it leaves weights and optimizer as they were); returns a suggested lr. Plot: `learn.recorder.plot()`."
     finder = LRFinder(max_iter, min_lr, max_lr)
-    model_state, opt_state = deepcopy(self.model.state_dict()), _state(self.opt)
     epochs = math.ceil(max_iter / len(self.data.train_dl))
     display = self.display
     try:
         self.display = 'off'
         self.fit(epochs, cbs=[finder, AvgStatsCallback(self.metrics, print_stats=False)])
-    finally:
-        self.display = display
-        self.model.load_state_dict(model_state)
-        _restore(self.opt, opt_state)
+    finally: self.display = display
     rec = self.recorder
     return suggest_lr(rec.lrs[0], [float(l) for l in rec.losses])
 
 # %% ../nbs/10_learner.ipynb #71e99ad5
-CHECKPOINT_VERSION = 1
-
-@patch
-def fp32_state(self: MixedPrecision) -> tuple[dict, dict]:
-    "The model's and optimizer's state dicts as they will be after fit: fp32 master weights, state keyed like the model's."
-    master_of = {}
-    for params, masters in zip(self.model_pgs, self.master_pgs):
-        views = _slices(masters[0], params) if self.flat_master and params else masters
-        master_of.update({id(p): m for p, m in zip(params, views)})
-    model_state = {k: v.float() if v.is_floating_point() else v for k, v in self.model.state_dict().items()}
-    for name, p in self.model.named_parameters():
-        if id(p) in master_of: model_state[name] = master_of[id(p)].detach().clone()
-    swap_params(self.opt, self.master_pgs, self.model_pgs, from_flat=self.flat_master)  # for a moment, as after fit
-    try: opt_state = deepcopy(self.opt.state_dict())
-    finally: swap_params(self.opt, self.model_pgs, self.master_pgs, to_flat=self.flat_master)
-    return model_state, opt_state
+CHECKPOINT_VERSION = 2  # 2: each callback's state under its name, and the data's; 1 kept a fixed set at the top level
 
 def _rng_state() -> dict:
     "The state of every global random number generator, in types `torch.load(weights_only=True)` accepts."
@@ -175,109 +171,90 @@ def _set_rng_state(state: dict) -> None:
     n = state['numpy']
     np.random.set_state(('MT19937', n['key'].numpy().astype(np.uint32), n['pos'], n['has_gauss'], n['gauss']))
 
-def _samplers(data: DataBunch) -> list:
-    "The samplers of `data`'s loaders that own a torch.Generator (their shuffling), in a fixed order."
-    return [getattr(getattr(dl, 'sampler', None), 'generator', None) for dl in (data.train_dl, data.valid_dl)]
-
 def _atomic_save(obj, path: Path) -> None:
     "torch.save `obj` to `path` through exp.data's atomic write (temporary file, fsync, rename)."
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    _atomic_write(path, buffer.getvalue())
+    atomic_write(path, buffer.getvalue())
 
 # %% ../nbs/10_learner.ipynb #8d40e1e7
-def _mixed_precision(learn: Learner) -> MixedPrecision | None:
-    "The learner's mixed-precision callback, if it has one."
-    return next((cb for cb in learn.cbs if isinstance(cb, MixedPrecision)), None)
+def _checkpoint_cbs(learn: Learner) -> list[Callback]:
+    "The callbacks whose states a checkpoint of `learn` keeps: those of its fit (during or after one), else its own."
+    run = learn.run
+    if run is None or run.learn is not learn: return learn.cbs
+    return run.cbs + [cb for cb in learn.cbs if cb not in run.cbs]
 
 @patch
 def save(self: Learner, path: str | os.PathLike) -> Path:
-    "Write a checkpoint (model, optimizer, loss scaler, epoch, RNG states) to `path`, atomically; returns the path."
+    "Write a checkpoint (model, optimizer, epoch, RNG states, the data's and the callbacks' states) to `path`, atomically."
     path = Path(path)
-    mp = _mixed_precision(self)
-    if mp is not None and mp.master_pgs is not None: model_state, opt_state = mp.fp32_state()  # inside a fit
-    else: model_state, opt_state = self.model.state_dict(), _state(self.opt)
+    if self.rank != 0: return path  # data-parallel: the processes hold the same weights, rank 0 writes them for all
     run = self.run
     in_fit = run is not None and run.learn is self
-    state = {'version': CHECKPOINT_VERSION, 'model': model_state, 'opt': opt_state,
-             'scaler': None if mp is None else {'loss_scale': mp.loss_scale, 'noskip': mp.noskip, 'skipped': mp.skipped},
+    mp = run.find(MixedPrecision) if in_fit else None
+    weights = mp.fp32_state() if mp is not None else None  # in a mixed-precision fit: the fp32 masters
+    model_state, opt_state_dict = weights or (self.model.state_dict(), opt_state(self.opt))
+    state = {'version': CHECKPOINT_VERSION, 'model': model_state, 'opt': opt_state_dict,
              'epoch': run.epoch if in_fit else None, 'epochs': run.epochs if in_fit else None,
-             'n_iter': run.n_iter if in_fit else None, 'rng': _rng_state(),
-             'samplers': [g.get_state() if isinstance(g, torch.Generator) else None for g in _samplers(self.data)],
-             **(_records(run) if in_fit else {'history': [], 'recorder': None})}
+             'n_iter': run.n_iter if in_fit else None, 'rng': _rng_state(), 'data': self.data.state_dict(),
+             'callbacks': callback_states(_checkpoint_cbs(self))}
     _atomic_save(state, path)
     return path
 
-def _records(run: Runner) -> dict:
-    "What a fit has recorded so far: AvgStatsCallback's rows per epoch, the Recorder's lrs and losses per batch."
-    stats = next((cb for cb in run.cbs if isinstance(cb, AvgStatsCallback)), None)
-    rec = getattr(run, 'recorder', None)
-    losses = torch.stack(rec.losses).float().cpu() if rec is not None and rec.losses else torch.zeros(0)
-    return {'history': [dict(row) for row in stats.history] if stats is not None else [],
-            'recorder': None if rec is None else {'lrs': [torch.tensor(lrs, dtype=torch.float64) for lrs in rec.lrs],
-                                                  'losses': losses}}
+def _from_version_1(state: dict) -> dict:
+    "A version 1 checkpoint (the loss scaler, the table, the Recorder's and the samplers' states at the top level) as version 2."
+    cbs = {}
+    if state['scaler'] is not None: cbs['mixed_precision'] = dict(state['scaler'])
+    if state['history']: cbs['avg_stats'] = {'history': state['history']}
+    if state['recorder'] is not None: cbs['recorder'] = dict(state['recorder'])
+    kept = {k: state[k] for k in ('model', 'opt', 'epoch', 'epochs', 'n_iter', 'rng')}
+    return {**kept, 'version': CHECKPOINT_VERSION, 'data': {'samplers': state['samplers']}, 'callbacks': cbs}
 
-class _ResumedRecords(Callback):
-    "On a resumed fit, put back the epochs' rows and the batches' lrs and losses that the checkpoint recorded."
-    _order = 3  # after AvgStatsCallback and Recorder (0) have emptied theirs in begin_fit
-
-    def __init__(self, state: dict): self.history, self.recorder = state.get('history') or [], state.get('recorder')
-
-    def begin_fit(self):
-        stats = next((cb for cb in self.run.cbs if isinstance(cb, AvgStatsCallback)), None)
-        if stats is not None and self.history and list(self.history[0]) == stats.names:  # the same columns
-            stats.history[:0] = [dict(row) for row in self.history]
-        rec = getattr(self.run, 'recorder', None)
-        if rec is not None and self.recorder is not None and len(self.recorder['lrs']) == len(rec.lrs):
-            rec.lrs = [lrs.tolist() + new for lrs, new in zip(self.recorder['lrs'], rec.lrs)]
-            rec.losses = [*self.recorder['losses'].unbind(), *rec.losses]
-
-@patch
-def load(self: Learner, path: str | os.PathLike) -> dict:
-    "Load the checkpoint at `path` into this learner (model, optimizer, scaler, RNG states); returns the checkpoint."
-    path = Path(path)
+def _read_checkpoint(path: Path) -> dict:
+    "The checkpoint at `path` in this version's layout (an older one converted); anything else refused, saying why."
     if not path.is_file(): raise FileNotFoundError(f"no checkpoint at {path}")
     try: state = torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as e:
         raise ValueError(f"{path} is not a checkpoint this library wrote (refused to unpickle it: {e})") from None
-    if not isinstance(state, dict) or state.get('version') != CHECKPOINT_VERSION:
-        raise ValueError(f"{path} is not a version {CHECKPOINT_VERSION} checkpoint of this library")
+    version = state.get('version') if isinstance(state, dict) else None
+    if type(version) is not int: version = None  # not True, which equals 1
+    if version == CHECKPOINT_VERSION: return state
+    if version == 1: return _from_version_1(state)
+    if version is not None and version > CHECKPOINT_VERSION:
+        raise ValueError(f"{path} is a version {version} checkpoint, written by a newer version of this library; "
+                         f"this one reads versions 1 to {CHECKPOINT_VERSION}: upgrade it to load the file")
+    raise ValueError(f"{path} is not a checkpoint this library wrote: it has no version between 1 and {CHECKPOINT_VERSION}")
+
+@patch
+def load(self: Learner, path: str | os.PathLike) -> dict:
+    "Load the checkpoint at `path` into this learner (model, optimizer, RNG states, data, its callbacks); returns the checkpoint."
+    state = _read_checkpoint(Path(path))
     device = next(self.model.parameters()).device
     self.model.float()
     self.model.load_state_dict(state['model'])
     self.model.to(device)
-    _restore(self.opt, state['opt'])
-    mp = _mixed_precision(self)
-    if mp is not None and state['scaler'] is not None:
-        mp.loss_scale, mp.noskip, mp.skipped = state['scaler']['loss_scale'], state['scaler']['noskip'], state['scaler']['skipped']
+    load_opt_state(self.opt, state['opt'])
+    load_callback_states(self.cbs, state['callbacks'])  # the learner's own (mixed precision's scaler); a fit's at resume
     _set_rng_state(state['rng'])
-    for g, s in zip(_samplers(self.data), state['samplers']):
-        if isinstance(g, torch.Generator) and s is not None: g.set_state(s)
+    self.data.load_state_dict(state['data'])
     return state
 
 # %% ../nbs/10_learner.ipynb #3d073549
-class SaveModelCallback(Callback):
-    "Save a checkpoint to `path` after every epoch (`every='epoch'`) or when `monitor` improves (`'improvement'`)."
-    _order = 5
+class SaveModelCallback(TrackerCallback):
+    "Save a checkpoint to `path` after every epoch (`every='epoch'`), or when `monitor` improves by > `min_delta` (`'improvement'`)."
+    run_before = (EarlyStopping,)  # which may end training at the epoch we save
 
-    def __init__(self, path: str | os.PathLike, every: str = 'epoch', monitor: str = 'valid_loss', mode: str = 'auto'):
+    def __init__(self, path: str | os.PathLike, every: str = 'epoch', monitor: str = 'valid_loss', mode: str = 'auto',
+                 min_delta: float = 0.):
         if every not in ('epoch', 'improvement'): raise ValueError(f"every must be 'epoch' or 'improvement', got {every!r}")
-        self.path, self.every, self.monitor = Path(path), every, monitor
-        self.mode = _monitor_mode(monitor, mode) if every == 'improvement' else mode
-        self.best, self.last_saved = None, None
+        super().__init__(monitor, min_delta, mode)
+        self.path, self.every, self.last_saved = Path(path), every, None
 
     def begin_fit(self):
-        self.best = None
-        if self.every == 'improvement':
-            self.stats = next((cb for cb in self.run.cbs if isinstance(cb, AvgStatsCallback)), None)
-            if self.stats is None or self.monitor not in self.stats.names:
-                raise ValueError(f"SaveModelCallback(monitor={self.monitor!r}) needs an AvgStatsCallback with that column "
-                                 f"(give the Learner metrics); columns: {self.stats.names if self.stats else 'none'}")
+        if self.every == 'improvement': super().begin_fit()  # the monitor's column must exist; saving every epoch needs none
 
     def after_epoch(self):
         if self.every == 'improvement':
-            value = self.stats.history[-1][self.monitor]
-            better = self.best is None or (value < self.best if self.mode == 'min' else value > self.best)
-            if not better: return
-            self.best = value
+            super().after_epoch()
+            if not self.new_best: return
         self.last_saved = self.learn.save(self.path)

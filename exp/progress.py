@@ -52,43 +52,38 @@ def format_row(cells: list[str], names: list[str]) -> str:
 
 # %% ../nbs/07_progress.ipynb #799c1aa6
 class ProgressCallback(Callback):
-    "fastprogress bars over epochs and batches, and AvgStatsCallback's per-epoch table written under them."
-    _order = -5  # before AvgStatsCallback (0): begin_fit must silence it before it prints its header
+    "fastprogress bars over epochs and batches, with the runner's table (what its logger gets) written under them."
+    run_before = (AvgStatsCallback,)  # our logger must be in place before AvgStatsCallback logs the header at begin_fit
 
     def __init__(self, display: str = 'auto'):
         if display not in DISPLAYS: raise ValueError(f"display must be one of {', '.join(DISPLAYS)}; got {display!r}")
         self.display, self.mode, self.table = display, None, []
-        self.stats = self.mbar = self.pbar = None
+        self.mbar = self.pbar = None
 
     def __repr__(self) -> str: return f'{type(self).__name__}(display={self.display!r})'
 
     def begin_fit(self):
         self.mode = progress_display(self.display)
         if self.mode == 'off': return
-        self.table, self.n_written, self.mbar, self.pbar = [], 0, None, None
-        self.stats = next((cb for cb in self.run.cbs if isinstance(cb, AvgStatsCallback)), None)
-        if self.stats is not None: self.stats_printed, self.stats.print_stats = self.stats.print_stats, False
+        self.table, self.mbar, self.pbar = [], None, None
         if self.mode in ('notebook', 'console') and self.epochs > 0:
             if self.mode == 'notebook': _html_bars_ready()
             self.mbar = (NBMasterBar if self.mode == 'notebook' else ConsoleMasterBar)(range(self.epochs))
             self.mbar.update(0)
-        if self.stats is not None: self._write(self.stats.names)
+        self.run.logger = self.log  # the runner puts its own back when the fit ends
+
+    def log(self, row: list[str] | dict) -> None:
+        "The runner's logger during the fit: the header (column names), then each epoch's row, into the table."
+        self._write(list(row) if not isinstance(row, dict) else [format_stat(k, v) for k, v in row.items()])
 
     def _write(self, cells: list[str]) -> None:
         "Add a row (the first is the header) to the table, in the notebook's HTML or as a line of text."
         self.table.append(cells)
-        if self.mode == 'notebook': self.mbar.write(cells, table=True)
+        if self.mode == 'notebook' and self.mbar is not None: self.mbar.write(cells, table=True)
         else:
             line = format_row(cells, self.table[0])
             if self.mbar is not None: self.mbar.write(line)
             else: print(line, flush=True)
-
-    def _write_rows(self) -> None:
-        "Write the rows of AvgStatsCallback's history that are not written yet."
-        if self.stats is None: return
-        for row in self.stats.history[self.n_written:]:
-            self._write([format_stat(k, v) for k, v in row.items()])
-            self.n_written += 1
 
     def _close_bar(self) -> None:
         "End the batches' bar, if there is one, and clear its line in a terminal."
@@ -108,7 +103,6 @@ class ProgressCallback(Callback):
 
     def begin_epoch(self):
         if self.mode == 'off': return
-        self._write_rows()
         if self.mbar is not None: self.mbar.update(self.epoch)
         self._new_bar(len(self.data.train_dl))
 
@@ -120,13 +114,8 @@ class ProgressCallback(Callback):
         self.n_batches += 1
         self.pbar.update(self.n_batches)
 
-    def after_cancel_train(self):
-        if self.mode != 'off': self._write_rows()
-
     def after_fit(self):
         if self.mode == 'off': return
-        self._write_rows()
         self._close_bar()
         if self.mbar is not None: self.mbar.on_iter_end()
         self.mbar = None
-        if self.stats is not None: self.stats.print_stats = self.stats_printed

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 from fastcore.script import Param, call_parse
-from torch import nn, optim
+from torch import nn
 
 from .callbacks import DataBunch, Learner
 from .cnn import DeviceCallback, Lambda, default_device, flatten, get_cnn_model, simple_cnn
@@ -29,15 +29,17 @@ from .data import DATASETS, KNOWN_DATA, DownloadError, get_data, normalize, set_
 from .learner import SaveModelCallback
 from .loss import accuracy
 from .minibatch import Dataset, get_dls
+from .optimizers import SGD
 
 # %% auto #0
-__all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'CHECKPOINT', 'TrainConfig', 'check_config', 'load_databunch', 'build_model',
-           'resolve_fp16', 'build_learner', 'check_out', 'Trainer', 'main']
+__all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'ONE_CYCLE', 'CHECKPOINT', 'TrainConfig', 'check_config', 'load_databunch',
+           'build_model', 'resolve_fp16', 'build_learner', 'check_out', 'Trainer', 'main']
 
 # %% ../nbs/11_train.ipynb #3a673a38
 ARCHS = ('mlp', 'cnn', 'simple_cnn')
 FP16_MODES = ('auto', 'on', 'off', 'bf16')
 DEFAULT_LRS = {'mlp': 0.03, 'cnn': 0.1, 'simple_cnn': 0.3}  # measured: see above
+ONE_CYCLE = dict(div_factor=10., final_div=1e5)  # from a tenth of the peak lr down to 1e-5 of it: the measured schedule
 CHECKPOINT = 'model.pth'
 
 @dataclass
@@ -140,7 +142,7 @@ def build_learner(cfg: TrainConfig, data: DataBunch | None = None) -> Learner:
     data = load_databunch(cfg.data, cfg.bs) if data is None else data
     device = default_device()
     learn = Learner(data, build_model(cfg.arch, data), lr=cfg.lr or DEFAULT_LRS[cfg.arch],
-                    opt_func=partial(optim.SGD, momentum=0.9), metrics=[accuracy], cbs=[DeviceCallback(device)])
+                    opt_func=partial(SGD, momentum=0.9), metrics=[accuracy], cbs=[DeviceCallback(device)])
     mode = resolve_fp16(cfg.fp16, device)
     if mode == 'on': learn.to_fp16()
     elif mode == 'bf16': learn.to_bf16()
@@ -249,7 +251,7 @@ class Trainer:
     def _train(self, lr: float, cbs: list) -> None:
         "Fit the learner as the options say, with callbacks `cbs`."
         cfg, learn = self.cfg, self.learn
-        if cfg.one_cycle: learn.fit_one_cycle(cfg.epochs, max_lr=lr, cbs=cbs, resume=cfg.resume)
+        if cfg.one_cycle: learn.fit_one_cycle(cfg.epochs, max_lr=lr, cbs=cbs, resume=cfg.resume, **ONE_CYCLE)
         else: learn.fit(cfg.epochs, cbs=cbs, resume=cfg.resume)
         self.history = learn.run.avg_stats.history
 

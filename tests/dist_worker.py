@@ -11,7 +11,7 @@ import json
 import time
 from functools import partial
 
-from torch import nn, optim
+from torch import nn
 
 from exp.callbacks import Callback, DataBunch, Learner
 from exp.data import get_data, normalize, set_seed
@@ -19,6 +19,7 @@ from exp.distributed import ShardedSampler, shutdown, torchrun_env
 from exp.learner import SaveModelCallback
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler, get_dls
+from exp.optimizers import SGD
 
 GLOBAL_BS, SEED = 48, 11
 
@@ -56,7 +57,7 @@ else:
     data = DataBunch(DataLoader(train_ds, ShardedSampler(train_ds, GLOBAL_BS, 1, 0, seed=SEED)),
                      DataLoader(valid_ds, Sampler(valid_ds, 64)), c=10)
     cbs = [SetEpoch()]
-learn = Learner(data, model, lr=0.1, opt_func=partial(optim.SGD, momentum=0.9), metrics=[accuracy], cbs=cbs)
+learn = Learner(data, model, lr=0.1, opt_func=partial(SGD, momentum=0.9), metrics=[accuracy], cbs=cbs)
 learn.display = 'off'
 if args.fp16: learn.to_fp16()
 if distributed:

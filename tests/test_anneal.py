@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn, optim
+from torch import nn
 
 from exp.anneal import (ParamScheduler, Recorder, annealer, combine_scheds, cos_1cycle_anneal, sched_1cycle, sched_cos,
                         sched_exp, sched_lin, sched_no)
@@ -17,6 +17,7 @@ from exp.callbacks import AvgStatsCallback, Callback, CancelTrainException, Data
 from exp.data import get_data, normalize, set_seed
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler, get_dls
+from exp.optimizers import SGD, Adam
 
 matplotlib.use('Agg')
 
@@ -210,8 +211,8 @@ def test_param_scheduler_sets_the_lr_of_every_training_batch():
 def test_param_scheduler_one_function_per_group_and_momentum():
     learn = make_learner(lr=0.1)
     model = learn.model
-    learn.opt = optim.SGD([{'params': model[0].parameters()}, {'params': model[2].parameters(), 'lr': 0.2}],
-                          lr=0.1, momentum=0.9)
+    learn.opt = SGD([{'params': model[0].parameters()}, {'params': model[2].parameters(), 'lr': 0.2}],
+                    lr=0.1, momentum=0.9)
     seen = []
 
     class Watch(Callback):
@@ -231,7 +232,7 @@ def test_param_scheduler_one_function_per_group_and_momentum():
 
 
 def test_param_scheduler_tuple_element():
-    learn = make_learner(opt_func=optim.Adam, lr=1e-3)
+    learn = make_learner(opt_func=Adam, lr=1e-3)
     run = Runner(cbs=[ParamScheduler('betas', sched_lin(0.9, 0.8), idx=0)])
     run.fit(1, learn)  # 2 batches: positions 0 and 0.5
     ft.test_eq(learn.opt.param_groups[0]['betas'], (sched_lin(0.9, 0.8)(0.5), 0.999))
@@ -239,13 +240,13 @@ def test_param_scheduler_tuple_element():
 
 
 @pytest.mark.parametrize('sched, opt_func, error, message', [
-    (ParamScheduler('mom', sched_no(0.9, 0.9)), optim.SGD, ValueError,
+    (ParamScheduler('mom', sched_no(0.9, 0.9)), SGD, ValueError,
      "pname='mom': parameter group 0 has no such hyperparameter; it has: lr, momentum"),
-    (ParamScheduler('lr', [sched_no(1, 1)] * 3), optim.SGD, ValueError,
+    (ParamScheduler('lr', [sched_no(1, 1)] * 3), SGD, ValueError,
      'sched_funcs has 3 schedules for 1 parameter groups'),
-    (ParamScheduler('betas', sched_no(0.9, 0.9)), optim.Adam, TypeError, 'give idx'),
-    (ParamScheduler('betas', sched_no(0.9, 0.9), idx=2), optim.Adam, ValueError, 'idx=2 does not index betas'),
-    (ParamScheduler('lr', sched_no(0.9, 0.9), idx=0), optim.SGD, ValueError, 'idx=0 does not index lr')])
+    (ParamScheduler('betas', sched_no(0.9, 0.9)), Adam, TypeError, 'give idx'),
+    (ParamScheduler('betas', sched_no(0.9, 0.9), idx=2), Adam, ValueError, 'idx=2 does not index betas'),
+    (ParamScheduler('lr', sched_no(0.9, 0.9), idx=0), SGD, ValueError, 'idx=0 does not index lr')])
 def test_param_scheduler_errors_at_begin_fit(sched, opt_func, error, message):
     with pytest.raises(error, match=message): Runner(cbs=[sched]).fit(1, make_learner(opt_func=opt_func))
 
@@ -269,6 +270,23 @@ def test_recorder_counts_and_losses():
     assert not any(l.requires_grad for l in rec.losses)
     run.fit(1, learn)  # a new fit starts a new record
     ft.test_eq(len(rec.losses), 3)
+
+
+def test_recorder_state_round_trip_and_checks():
+    rec = Recorder()
+    Runner(cbs=[rec]).fit(2, make_learner(make_data(n_train=12, bs=4), lr=0.1))
+    state = rec.state_dict()
+    ft.test_eq((state['lrs'][0].dtype, state['losses'].dtype, state['losses'].shape), (torch.float64, torch.float32, (6,)))
+    again = Recorder()
+    again.load_state_dict(state)
+    ft.test_eq(again.lrs, rec.lrs)
+    ft.test_eq(torch.stack(again.losses), torch.stack(rec.losses))
+    with pytest.raises(ValueError, match="holds 'lrs'"): again.load_state_dict({'lrs': state['lrs'], 'losses': torch.zeros(2)})
+    two_groups = Recorder()
+    two_groups.lrs = [[], []]  # as begin_fit leaves it for an optimizer of two groups
+    with pytest.raises(ValueError, match='recorded 1 parameter groups; this optimizer has 2'): two_groups.load_state_dict(state)
+    ft.test_eq(Recorder().state_dict()['losses'].shape, (0,))  # nothing recorded yet
+    ft.test_eq(ParamScheduler('lr', sched_no(1, 1)).state_dict(), {})  # its position is the runner's: nothing to keep
 
 
 def test_recorder_counts_the_batch_that_cancels():
@@ -328,7 +346,7 @@ def test_one_cycle_accuracy_on_embedded_mnist():
     data = DataBunch(*get_dls(Dataset(normalize(x_train, mean, std), y_train),
                               Dataset(normalize(x_valid, mean, std), y_valid), 64), c=10)
     model = nn.Sequential(nn.Linear(784, 50), nn.ReLU(), nn.Linear(50, 10))
-    learn = Learner(data, model, F.cross_entropy, opt_func=partial(optim.SGD, momentum=0.9), lr=0.1, metrics=[accuracy])
+    learn = Learner(data, model, F.cross_entropy, opt_func=partial(SGD, momentum=0.9), lr=0.1, metrics=[accuracy])
     run = Runner(cbs=[AvgStatsCallback([accuracy], print_stats=False), *sched_1cycle(0.1)])
     run.fit(5, learn)
     acc = run.avg_stats.history[-1]['valid_accuracy']

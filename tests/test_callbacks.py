@@ -3,14 +3,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
-from torch import nn, optim
+from torch import nn
 
 from exp.callbacks import (EVENTS, AvgStats, AvgStatsCallback, Callback, CancelBatchException, CancelEpochException,
                            CancelStepException, CancelTrainException, DataBunch, Learner, Runner, TrainEvalCallback,
-                           camel2snake, create_learner, get_model_func)
+                           callback_states, camel2snake, create_learner, get_model_func, load_callback_states, print_row,
+                           sort_callbacks)
 from exp.data import set_seed
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler
+from exp.optimizers import SGD
 
 TRAIN = ['begin_batch', 'after_pred', 'after_loss', 'after_backward', 'after_step', 'after_batch']
 VALID = ['begin_batch', 'after_pred', 'after_loss', 'after_batch']
@@ -244,7 +246,7 @@ def test_learner_cbs_and_metrics_join_the_fit(capsys):
 
 def test_learner_checks_and_builds_its_optimizer():
     learn = make_learner()
-    assert isinstance(learn.opt, optim.SGD) and learn.opt is learn.opt
+    assert isinstance(learn.opt, SGD) and learn.opt is learn.opt
     ft.test_eq(learn.opt.param_groups[0]['lr'], 0.1)
     with pytest.raises(TypeError, match='model must be an nn.Module'): Learner(make_data(), lambda x: x)
     with pytest.raises(ValueError, match='lr must be > 0, got 0'): Learner(make_data(), nn.Linear(5, 3), lr=0)
@@ -296,8 +298,8 @@ def test_runner_same_weights_as_hand_written_loop():
         models.append(nn.Sequential(nn.Linear(20, 10), nn.ReLU(), nn.Linear(10, 4)))
     data = DataBunch(DataLoader(train_ds, Sampler(train_ds, 32, shuffle=True, seed=2)),
                      DataLoader(valid_ds, Sampler(valid_ds, 64)), c=4)
-    Runner().fit(3, Learner(data, models[0], F.cross_entropy, optim.SGD, lr=0.3, metrics=[accuracy]))
-    opt = optim.SGD(models[1].parameters(), lr=0.3)
+    Runner().fit(3, Learner(data, models[0], F.cross_entropy, SGD, lr=0.3, metrics=[accuracy]))
+    opt = SGD(models[1].parameters(), lr=0.3)
     replay = Sampler(train_ds, 32, shuffle=True, seed=2)
     for _ in range(3):
         for idxs in replay:
@@ -321,3 +323,170 @@ def test_start_epoch_resumes_the_counters():
     ft.test_eq(progress, [('epoch', 2, 2.0, 4), ('batch', 2.5, 5), ('batch', 3.0, 6)])
     with pytest.raises(ValueError, match=r'start_epoch must be an int in \[0, epochs=3\], got 4'):
         run.fit(3, make_learner(), start_epoch=4)
+
+
+# ---------------------------------------------------------------- order as relations, and the table of events
+
+class First(Callback): pass
+class Second(Callback): run_after = (First,)
+class Early(Callback): run_before = (Second,)
+
+
+def names(cbs): return [type(cb).__name__ for cb in cbs]
+
+
+def test_sort_callbacks_follows_order_then_relations_stably():
+    a, b = TrainEvalCallback(), AvgStatsCallback()
+    ft.test_eq(names(sort_callbacks([Second(), b, First(), a])), ['TrainEvalCallback', 'AvgStatsCallback', 'First', 'Second'])
+    ft.test_eq(names(sort_callbacks([Second(), Early(), First()])), ['Early', 'First', 'Second'])  # unrelated keep their places
+    class Late(First): _order = 5  # a subclass counts: Second runs after it too, whatever the numbers say
+    ft.test_eq(names(sort_callbacks([Second(), Late()])), ['Late', 'Second'])
+    ft.test_eq(names(sort_callbacks([First(), Early(), b])), ['First', 'Early', 'AvgStatsCallback'])  # no relation: as given
+
+
+def test_a_cycle_is_an_error_naming_the_callbacks():
+    class A(Callback): pass
+    class B(Callback): run_after = (A,)
+    class C(Callback): run_after = (B,)
+    A.run_after = (C,)
+    with pytest.raises(ValueError, match='form a cycle: A runs after C runs after B runs after A'):
+        sort_callbacks([TrainEvalCallback(), A(), B(), C()])
+    with pytest.raises(ValueError, match='form a cycle'): Runner(cbs=[A(), B(), C()]).fit(1, make_learner())
+
+
+def test_relations_must_be_callback_classes():
+    class Bad(Callback): run_after = AvgStatsCallback  # not a tuple
+    class Worse(Callback): run_before = ('AvgStatsCallback',)
+    with pytest.raises(TypeError, match=r'Bad.run_after must be a tuple of Callback classes'): Runner(cbs=[Bad()])
+    with pytest.raises(TypeError, match=r'Worse.run_before must be a tuple of Callback classes'): Runner(cbs=[Worse()])
+
+
+def test_relations_order_every_event_and_after_fit_runs_backwards():
+    calls = []
+
+    class Log(Callback):
+        def begin_fit(self): calls.append(('begin_fit', type(self).__name__))
+        def after_epoch(self): calls.append(('after_epoch', type(self).__name__))
+        def after_fit(self): calls.append(('after_fit', type(self).__name__))
+    class Reader(Log): run_after = (AvgStatsCallback,)
+    class Stats(Log, AvgStatsCallback): pass
+
+    Runner(cbs=[Reader(), Stats([accuracy], print_stats=False)]).fit(1, make_learner())
+    ft.test_eq(calls, [('begin_fit', 'Stats'), ('begin_fit', 'Reader'), ('after_epoch', 'Stats'), ('after_epoch', 'Reader'),
+                       ('after_fit', 'Reader'), ('after_fit', 'Stats')])
+
+
+def test_show_events(capsys):
+    run = Runner(cbs=[EventLog()])
+    run.show_events(make_learner(metrics=[accuracy]))  # with the learner: its metrics' AvgStatsCallback too
+    lines = capsys.readouterr().out.splitlines()
+    ft.test_eq([line.split()[0] for line in lines], list(EVENTS))
+    ft.test_eq(lines[0][20:], 'TrainEvalCallback, EventLog, AvgStatsCallback')
+    ft.test_eq(lines[EVENTS.index('after_fit')][20:], 'EventLog')
+    ft.test_eq(lines[EVENTS.index('after_pred')][20:], 'EventLog')
+    ft.test_eq(len(run.cbs), 2)  # showing adds nothing
+    Runner().show_events()
+    ft.test_eq(capsys.readouterr().out.splitlines()[EVENTS.index('after_loss')][20:], '-')
+
+
+def test_find():
+    stats = AvgStatsCallback()
+    run = Runner(cbs=[EventLog(), stats, AvgStatsCallback()])
+    assert run.find(AvgStatsCallback) is stats and run.find(TrainEvalCallback) is run.cbs[0]
+    assert run.find(type('Other', (Callback,), {})) is None
+    learn = make_learner(cbs=[stats])
+    assert learn.find(AvgStatsCallback) is stats and learn.find(TrainEvalCallback) is None
+
+
+# ---------------------------------------------------------------- the logger
+
+def test_avg_stats_hands_the_table_to_the_logger(capsys):
+    rows = []
+    run = Runner()
+    run.logger = rows.append
+    run.fit(2, make_learner(metrics=[accuracy]))
+    ft.test_eq(rows[0], run.avg_stats.names)
+    ft.test_eq(rows[1:], run.avg_stats.history)
+    ft.test_eq(capsys.readouterr().out, '')
+
+
+def test_the_default_logger_prints_the_table(capsys):
+    print_row(['epoch', 'train_loss', 'time'])
+    print_row({'epoch': 3, 'train_loss': 0.25, 'time': 0.0537})
+    ft.test_eq(capsys.readouterr().out.splitlines(), [f"{'epoch':>16}{'train_loss':>16}{'time':>16}",
+                                                     f"{3:>16}{'0.2500':>16}{'0.05s':>16}"])
+
+
+def test_a_callback_sets_the_logger_for_one_fit():
+    seen = []
+
+    class Quiet(Callback):
+        run_before = (AvgStatsCallback,)
+        def begin_fit(self): self.run.logger = seen.append
+
+    run = Runner(cbs=[Quiet()])
+    run.logger = print
+    run.fit(1, make_learner(metrics=[accuracy]))
+    ft.test_eq(len(seen), 2)
+    ft.test_eq(run.logger, print)  # put back when the fit ends
+    run = Runner(cbs=[Quiet(), EventLog({'after_epoch': Boom})])
+    with pytest.raises(Boom): run.fit(1, make_learner(metrics=[accuracy]))
+    ft.test_eq(run.logger, print_row)  # also after an error
+
+
+# ---------------------------------------------------------------- what callbacks remember
+
+def test_callback_states_by_name():
+    class Counter(Callback):
+        def __init__(self, n=0): self.n = n
+        def state_dict(self): return {'n': self.n}
+        def load_state_dict(self, state): self.n = state['n']
+
+    cbs = [Counter(1), TrainEvalCallback(), Counter(2)]
+    states = callback_states(cbs)
+    ft.test_eq(states, {'counter': {'n': 1}, 'counter_2': {'n': 2}})  # TrainEvalCallback keeps nothing
+    fresh = [Counter(), Counter()]
+    load_callback_states(fresh, {**states, 'unknown': {'x': 1}})  # states no callback here claims are left alone
+    ft.test_eq([cb.n for cb in fresh], [1, 2])
+    with pytest.raises(ValueError, match='TrainEvalCallback keeps no checkpoint state'): TrainEvalCallback().load_state_dict({'n': 1})
+    with pytest.raises(TypeError, match='states must be a dict'): load_callback_states(fresh, [1])
+
+
+def test_avg_stats_state_round_trip_and_checks():
+    run = Runner()
+    run.fit(2, make_learner(metrics=[accuracy]))
+    again = AvgStatsCallback([accuracy])
+    again.load_state_dict(run.avg_stats.state_dict())
+    ft.test_eq(again.history, run.avg_stats.history)
+    with pytest.raises(ValueError, match=r"columns \['epoch', 'train_loss', 'train_accuracy'"):
+        AvgStatsCallback().load_state_dict(run.avg_stats.state_dict())
+    with pytest.raises(ValueError, match="holds 'history'"): again.load_state_dict({'history': 3})
+
+
+def test_fit_with_cb_states_resumes_them_after_begin_fit(capsys):
+    first = Runner()
+    first.fit(2, make_learner(metrics=[accuracy]))
+    rows = []
+    run = Runner()
+    run.logger = rows.append
+    run.fit(3, make_learner(metrics=[accuracy]), start_epoch=2, cb_states=callback_states(first.cbs))
+    ft.test_eq([row['epoch'] for row in run.avg_stats.history], [0, 1, 2])  # the first two from the states
+    ft.test_eq(rows[1:3], first.avg_stats.history)  # logged with the new row, so the table shows the whole run
+    with pytest.raises(TypeError, match='cb_states must be a dict'): run.fit(1, make_learner(), cb_states=[])
+
+
+# ---------------------------------------------------------------- torch's DataLoader
+
+def test_databunch_with_torchs_dataloaders():
+    from torch.utils.data import DataLoader as TorchDataLoader, TensorDataset
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 5, generator=g), torch.randint(0, 3, (40,), generator=g)
+    train_ds, valid_ds = TensorDataset(x[:30], y[:30]), TensorDataset(x[30:], y[30:])
+    data = DataBunch(TorchDataLoader(train_ds, batch_size=8, shuffle=True), TorchDataLoader(valid_ds, batch_size=4), c=3)
+    assert data.train_ds is train_ds and data.valid_ds is valid_ds
+    learn = make_learner(data, metrics=[accuracy])
+    run = Runner()
+    run.fit(2, learn)
+    ft.test_eq((run.n_iter, run.avg_stats.train_stats.count, run.avg_stats.valid_stats.count), (2 * 4, 30, 10))
+    ft.test_eq(data.state_dict(), {'samplers': [None, None]})  # torch's shuffling draws from the global RNG
+    with pytest.raises(AttributeError, match=r'train_dl \(list\) has neither .ds nor .dataset'): DataBunch([], []).train_ds

@@ -5,9 +5,9 @@ import torch.nn.functional as F
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
 from torch import nn
 
-from exp.callbacks import Callback, DataBunch, Learner, Runner
-from exp.cnn import (BatchTransformXCallback, DeviceCallback, Lambda, conv_layer, default_device, flatten, get_cnn_model,
-                     mnist_sample, simple_cnn, view_tfm)
+from exp.callbacks import Callback, DataBunch, Learner, Runner, sort_callbacks
+from exp.cnn import (BatchTransformXCallback, CudaCallback, DeviceCallback, Lambda, conv_layer, default_device, flatten,
+                     get_cnn_model, mnist_sample, simple_cnn, view_tfm)
 from exp.data import DownloadError, set_seed
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler
@@ -50,6 +50,21 @@ def test_device_callback_on_cpu():
     mps = getattr(torch.backends, 'mps', None)
     expected = 'cuda' if torch.cuda.is_available() else 'mps' if mps is not None and mps.is_available() else 'cpu'
     ft.test_eq(default_device().type, expected)
+
+
+def test_the_device_runs_before_the_transform_whatever_the_numbers():
+    class EarlyTransform(BatchTransformXCallback): _order = -7  # a subclass, and a number that says "before the device"
+    run = Runner(cbs=[EarlyTransform(view_tfm(1, 28, 28)), DeviceCallback('cpu')])
+    ft.test_eq([type(cb).__name__ for cb in sort_callbacks(run.cbs)], ['TrainEvalCallback', 'DeviceCallback', 'EarlyTransform'])
+
+
+def test_cuda_callback():
+    "course-v3's CudaCallback: a DeviceCallback('cuda'); refused at once where there is no GPU."
+    if torch.cuda.is_available():
+        cb = CudaCallback()
+        assert isinstance(cb, DeviceCallback) and cb.device == torch.device('cuda')
+    else:
+        with pytest.raises(RuntimeError, match='CudaCallback needs a CUDA GPU'): CudaCallback()
 
 
 @cuda

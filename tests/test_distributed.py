@@ -117,7 +117,7 @@ def single_run(tmp_path_factory):
 
 def test_two_processes_train_like_one(single_run, tmp_path, no_torchrun_env):
     "Seed 0 init, SEED 11 shuffling, 3 epochs of one-cycle: weights within 1e-6; ranks report identical numbers."
-    launch(WORKER, tmp_path, nproc=2, timeout=300)
+    out = launch(WORKER, tmp_path, nproc=2, timeout=300).stdout
     one = torch.load(single_run / 'model.pth', weights_only=True)['model']
     two = torch.load(tmp_path / 'model.pth', weights_only=True)['model']
     diff = max((one[k] - two[k]).abs().max().item() for k in one)
@@ -128,6 +128,8 @@ def test_two_processes_train_like_one(single_run, tmp_path, no_torchrun_env):
     for row, ref_row in zip(r0['history'] + [r0['validate']], ref['history'] + [ref['validate']]):
         for k in row: assert abs(row[k] - ref_row[k]) < 1e-6, (k, row[k], ref_row[k])
     ft.test_eq(sorted(p.name for p in tmp_path.iterdir()), ['model.pth', 'rank0.json', 'rank1.json'])  # rank 0 saves
+    tables = [[l for l in rank_lines(out, rank) if 'valid_accuracy' in l] for rank in (0, 1)]
+    ft.test_eq([len(t) for t in tables], [1, 0])  # the table's header: rank 0 logs it, rank 1's logger is silent
 
 
 def test_two_processes_in_mixed_precision(tmp_path, no_torchrun_env):

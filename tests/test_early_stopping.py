@@ -4,14 +4,15 @@ import math
 import pytest
 import torch
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
-from torch import nn, optim
+from torch import nn
 
 from exp.anneal import Recorder
 from exp.callbacks import AvgStatsCallback, Callback, DataBunch, Learner, Runner
 from exp.data import set_seed
-from exp.early_stopping import EarlyStopping, LRFinder
+from exp.early_stopping import LR_Find, EarlyStopping, LRFinder, TrackerCallback
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Optimizer, Sampler
+from exp.optimizers import SGD, Adam
 
 
 def make_data(n_train=16, n_valid=6, bs=4, seed=0):
@@ -37,8 +38,8 @@ class Counter(Callback):
 
 # ---------------------------------------------------------------- LR finder
 
-@pytest.mark.parametrize('opt_func', [lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9, weight_decay=1e-2),
-                                      lambda ps, lr: optim.Adam(ps, lr=lr)], ids=['sgd', 'adam'])
+@pytest.mark.parametrize('opt_func', [lambda ps, lr: SGD(ps, lr=lr, momentum=0.9, weight_decay=1e-2),
+                                      lambda ps, lr: Adam(ps, lr=lr)], ids=['sgd', 'adam'])
 def test_lr_finder_restores_model_and_optimizer(opt_func):
     learn = make_learner(opt_func=opt_func, lr=0.01)
     Runner().fit(1, learn)  # so that the optimizer has state (momentum buffers, Adam's averages) to restore
@@ -57,7 +58,7 @@ def test_lr_finder_restores_model_and_optimizer(opt_func):
 
 
 class FailsToBegin(Callback):
-    _order = -1  # before LRFinder (1): its begin_fit never runs
+    _order = -1  # before LRFinder (0): its begin_fit never runs
     def begin_fit(self): raise ValueError('refused at begin_fit')
 
 
@@ -140,6 +141,8 @@ def scripted_fit(script, column='valid_loss', **kwargs):
     ([1.0, 0.9, 0.9, 0.9], dict(patience=1), 2, 1),  # equal is not better
     ([1.0, math.nan, 0.99, 0.5], dict(patience=2), None, 3),  # NaN does not improve, nor stop on its own
     ([1.0, math.nan, math.nan, 0.5], dict(patience=2), 2, 0),
+    ([math.nan, 1.0, 0.9, 0.95, 0.96], dict(patience=2), 4, 2),  # a NaN first is not a best that nothing can beat
+    ([math.nan, math.nan, 1.0], dict(patience=2), 1, None),
     ([2.0, 3.0, 4.0], dict(patience=1, mode='max'), None, 2),
     ([2.0, 3.0, 4.0], dict(patience=1), 1, 0)])
 def test_early_stopping_stops_at_the_right_epoch(script, kwargs, stopped, best_epoch, capsys):
@@ -197,3 +200,44 @@ def test_early_stopping_auto_mode(monitor, mode):
     (dict(monitor=3), TypeError, 'monitor must be')])
 def test_early_stopping_checks(kwargs, error, message):
     with pytest.raises(error, match=message): EarlyStopping(**kwargs)
+
+
+def test_the_courses_lr_find(capsys):
+    "course-v3's 05b: Runner(cb_funcs=[LR_Find, Recorder]).fit(2, learn), then recorder.plot(skip_last=5)."
+    learn = make_learner(lr=0.1)
+    weights = {k: v.clone() for k, v in learn.model.state_dict().items()}
+    run = Runner(cb_funcs=[LR_Find, Recorder])
+    run.fit(25, learn)
+    assert isinstance(run.lr_finder, LRFinder) and 1 < len(run.recorder.losses) <= 100
+    ft.test_close(run.recorder.lrs[0][0], 1e-6)
+    for k, v in learn.model.state_dict().items(): ft.test_eq(v, weights[k])
+
+
+# ---------------------------------------------------------------- the tracker
+
+def test_tracker_keeps_the_best_and_a_nan_never_is_it():
+    tracker = TrackerCallback('valid_loss', min_delta=0.05)
+    assert not tracker.improved(math.nan) and tracker.improved(3.)  # with no best yet, only a number counts
+    run = Runner(cbs=[ScriptedStats('valid_loss', [math.nan, 1.0, 0.97, 0.9, math.nan]), tracker])
+    news = []
+    run.add_cbs([type('Watch', (Callback,), {'run_after': (TrackerCallback,),
+                                              'after_epoch': lambda self: news.append(self.tracker.new_best)})()])
+    run.fit(5, make_learner(lr=0.1))
+    ft.test_eq(news, [False, True, False, True, False])
+    ft.test_eq((tracker.best, tracker.best_epoch), (0.9, 3))
+
+
+def test_tracker_and_early_stopping_state():
+    es, _ = scripted_fit([1.0, 0.9, 0.95, 0.97], patience=5)
+    state = es.state_dict()
+    ft.test_eq(state, {'best': 0.9, 'best_epoch': 1, 'wait': 2})
+    other = EarlyStopping(patience=5)
+    other.load_state_dict(state)
+    ft.test_eq((other.best, other.best_epoch, other.wait), (0.9, 1, 2))
+    for bad in ({'best': math.nan, 'best_epoch': 1, 'wait': 0}, {'best': 0.5, 'best_epoch': None, 'wait': 0},
+                {'best': 0.5, 'best_epoch': 1, 'wait': -1}, {'best': 0.5, 'best_epoch': 1}, None):
+        with pytest.raises(ValueError, match='state holds'): other.load_state_dict(bad)
+    ft.test_eq((other.best, other.best_epoch, other.wait), (0.9, 1, 2))  # a refused state changes nothing
+    fresh = TrackerCallback()
+    fresh.load_state_dict({'best': None, 'best_epoch': None})
+    ft.test_eq(fresh.state_dict(), {'best': None, 'best_epoch': None})

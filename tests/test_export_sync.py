@@ -24,3 +24,15 @@ def test_exp_matches_fresh_export(tmp_path):
     assert sorted(fresh) == sorted(committed), 'exp/ holds other modules than the notebooks export'
     stale = [name for name in fresh if fresh[name] != committed[name]]
     assert not stale, f'exp/ differs from the notebooks in {stale}: run nbdev_export and commit exp/'
+
+
+def test_no_private_name_is_imported_across_modules():
+    "A module uses another's public names only: what one module keeps private (a leading underscore) stays there."
+    import ast
+    crossings = []
+    for path in sorted((ROOT / 'exp').glob('*.py')):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.level or (node.module or '').startswith('exp')):
+                crossings += [f'{path.name}: {alias.name} from {node.module}' for alias in node.names
+                              if alias.name.startswith('_') and alias.name != '__future__']
+    assert not crossings, crossings

@@ -1,4 +1,7 @@
 """Unit tests for exp.fp16: MixedPrecision against torch.amp.GradScaler, on the CPU (and on CUDA where present)."""
+import math
+from functools import partial
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,9 +10,11 @@ from torch import nn, optim
 
 from exp.callbacks import Callback, DataBunch, Learner, Runner
 from exp.data import set_seed
-from exp.fp16 import MixedPrecision, get_master, grads_overflow, master_to_model, model_grads_to_master, model_to_half, to_bf16, to_fp16
+from exp.early_stopping import LRFinder
+from exp.fp16 import MixedPrecision, get_master, grad_overflow, model_to_half, to_bf16, to_fp16, to_master_grads, to_model_params
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler
+from exp.optimizers import SGD, Adam
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='no CUDA device here')
 
@@ -74,12 +79,17 @@ def gradscaler_scales(n_batches, inject, init_scale, interval, device='cpu'):
     return scales
 
 
+OPT_FUNCS = {'sgd': partial(SGD, momentum=0.9), 'adam': lambda ps, lr: Adam(ps, lr=1e-2)}
+
+
+@pytest.mark.parametrize('opt_func', OPT_FUNCS.values(), ids=OPT_FUNCS.keys())
 @pytest.mark.parametrize('flat_master', [False, True])
 @pytest.mark.parametrize('value', [float('inf'), float('nan')])
-def test_scale_and_skipped_steps_match_gradscaler(flat_master, value):
+def test_scale_and_skipped_steps_match_gradscaler(flat_master, value, opt_func):
+    # on a skipped step nothing moves: weights, momentum buffers, Adam's averages and its step count
     inject = [0, 3, 4, 9, 10, 11, 15]
     set_seed(0)
-    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9))
+    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=opt_func)
     to_fp16(learn, loss_scale=2.**8, max_noskip=3, flat_master=flat_master)
     run = Runner(cbs=[InjectInf(inject, value), Trace()])
     run.fit(1, learn)  # 15 training batches
@@ -132,38 +142,57 @@ def test_model_is_fp32_with_master_weights_after_fit_and_after_an_exception():
         assert len(opt_params) == 6 and all(a is b for a, b in zip(opt_params, learn.model.parameters()))
 
 
-def test_optimizer_state_kept_across_the_switch():
+def opt_state(learn):
+    "A copy of the optimizer's state of each of the model's parameters."
+    return [{k: v.clone() for k, v in learn.opt.state[p].items()} for p in learn.model.parameters()]
+
+
+def assert_same_states(got, want):
+    for a, b in zip(got, want, strict=True):
+        ft.test_eq(sorted(a), sorted(b))
+        for k in a: assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize('opt_func', OPT_FUNCS.values(), ids=OPT_FUNCS.keys())
+def test_optimizer_state_kept_across_the_switch(opt_func):
     set_seed(0)
-    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9))
-    Runner().fit(1, learn)  # fp32: momentum buffers exist now
-    buffers = {id(p): learn.opt.state[p]['momentum_buffer'].clone() for p in learn.model.parameters()}
+    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=opt_func)
+    Runner().fit(1, learn)  # fp32: momentum buffers, Adam's averages and step counts exist now
+    before = opt_state(learn)
 
     class Peek(Callback):
         _order = 100
         def begin_fit(self):
             masters = [p for pg in self.opt.param_groups for p in pg['params']]
-            self.seen = [self.opt.state[m]['momentum_buffer'].clone() for m in masters]
+            self.seen = [{k: v.clone() for k, v in self.opt.state[m].items()} for m in masters]
 
     peek = Peek()
     to_fp16(learn, flat_master=False)
     run = Runner(cbs=[peek])
     run.fit(0, learn)  # begin_fit and after_fit only
-    for seen, p in zip(peek.seen, learn.model.parameters()): ft.test_eq(seen, buffers[id(p)])
-    for p in learn.model.parameters(): ft.test_eq(learn.opt.state[p]['momentum_buffer'], buffers[id(p)])
+    for states in (peek.seen, opt_state(learn)): assert_same_states(states, before)
 
 
-def test_flat_master_keeps_state_and_mixed_dtypes():
+@pytest.mark.parametrize('opt_func', OPT_FUNCS.values(), ids=OPT_FUNCS.keys())
+def test_flat_master_keeps_state_and_mixed_dtypes(opt_func):
     set_seed(0)
-    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9))
+    learn = Learner(make_data(), bn_mlp(), lr=0.1, opt_func=opt_func)
     Runner().fit(1, learn)
-    buffers = [learn.opt.state[p]['momentum_buffer'].clone() for p in learn.model.parameters()]
+    before = opt_state(learn)
     to_fp16(learn, flat_master=True)
     run = Runner()
     run.fit(0, learn)
-    for p, b in zip(learn.model.parameters(), buffers): ft.test_eq(learn.opt.state[p]['momentum_buffer'], b)
+    assert_same_states(opt_state(learn), before)
     # the one group mixes fp16 weights and fp32 batch norm parameters; train with it
     run.fit(1, learn)
     ft.test_eq({p.dtype for p in learn.model.parameters()}, {torch.float32})
+    if 'step' in before[0]:
+        # each parameter got its own step count back: one shared tensor would be counted once per parameter
+        steps = [learn.opt.state[p]['step'] for p in learn.model.parameters()]
+        assert len({id(s) for s in steps}) == len(steps)
+        learn.cbs = []
+        Runner().fit(1, learn)
+        ft.test_eq([float(learn.opt.state[p]['step']) for p in learn.model.parameters()], [3. * len(learn.data.train_dl)] * 6)
 
 
 def test_flat_master_refuses_frozen_parameters():
@@ -178,7 +207,7 @@ def test_frozen_parameters_stay_put_without_flat_master():
     model = bn_mlp()
     model[0].weight.requires_grad_(False)
     frozen = model[0].weight.detach().clone()
-    learn = to_fp16(Learner(make_data(), model, lr=0.1, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, weight_decay=0.1)))
+    learn = to_fp16(Learner(make_data(), model, lr=0.1, opt_func=partial(SGD, weight_decay=0.1)))
     Runner().fit(1, learn)
     ft.test_eq(learn.model[0].weight.detach(), frozen)  # exactly: the masters were copied before rounding to fp16
 
@@ -186,19 +215,93 @@ def test_frozen_parameters_stay_put_without_flat_master():
 def test_pieces():
     model = model_to_half(bn_mlp())
     ft.test_eq([p.dtype for p in model.parameters()], [torch.half] * 2 + [torch.float] * 2 + [torch.half] * 2)
-    pgs = [list(model.parameters())]
+    opt = SGD(model.parameters(), lr=0.1)
     model(torch.randn(8, 20).half()).float().sum().backward()
     for flat in (False, True):
-        masters = get_master(pgs, flat)
-        model_grads_to_master(pgs, masters, flat)
+        pgs, masters = get_master(opt, flat)
+        to_master_grads(pgs, masters, flat)
         got = masters[0][0].grad if flat else torch.cat([m.grad.reshape(-1) for m in masters[0]])
         ft.test_eq(got, torch.cat([p.grad.float().reshape(-1) for p in pgs[0]]))
-        assert not grads_overflow([m for m in masters[0]])
+        assert not grad_overflow(masters)
         with torch.no_grad():
             for m in masters[0]: m.mul_(2)
         before = [p.detach().float().clone() for p in pgs[0]]
-        master_to_model(pgs, masters, flat)
+        to_model_params(pgs, masters, flat)
         for b, p in zip(before, pgs[0]): ft.test_close(p.float(), b * 2, eps=1e-3)
+
+
+def test_the_courses_names():
+    "course-v3's 10c_fp16: get_master(opt, flat_master) -> (model_pgs, master_pgs); grad_overflow over parameter groups."
+    model = bn_mlp()
+    opt = SGD([{'params': model[0].parameters()}, {'params': [*model[1].parameters(), *model[3].parameters()]}], lr=0.1)
+    model_pgs, master_pgs = get_master(opt)
+    ft.test_eq([list(map(id, pg)) for pg in model_pgs], [list(map(id, pg['params'])) for pg in opt.param_groups])  # its own
+    for pg, mpg in zip(model_pgs, master_pgs):
+        for p, m in zip(pg, mpg):
+            assert m is not p and m.dtype == torch.float32 and m.requires_grad
+            ft.test_eq(m.detach(), p.detach())
+    _, flat = get_master(opt, flat_master=True)
+    ft.test_eq([[m.numel() for m in mpg] for mpg in flat], [[sum(p.numel() for p in pg)] for pg in model_pgs])
+    for pg, mpg in zip(model_pgs, master_pgs):
+        for p, m in zip(pg, mpg): m.grad = torch.ones_like(m)
+    assert not grad_overflow(master_pgs)
+    master_pgs[1][-1].grad[0] = float('inf')  # in the second group only
+    assert grad_overflow(master_pgs)
+    master_pgs[1][-1].grad[0] = float('nan')
+    assert grad_overflow(master_pgs)
+    assert not grad_overflow([[nn.Parameter(torch.ones(2))]])  # no gradient at all: nothing overflows
+
+
+def test_loss_fp32():
+    "fastai v1's loss_fp32: True (the default) computes the loss on an fp32 output; False on the half one."
+    dtypes = []
+
+    class Watch(Callback):
+        _order = 150  # after MixedPrecision's after_pred
+        def after_pred(self):
+            if self.in_train: dtypes.append(self.pred.dtype)
+
+    for loss_fp32, dtype in ((True, torch.float32), (False, torch.float16)):
+        dtypes.clear()
+        set_seed(0)
+        learn = to_fp16(Learner(make_data(), bn_mlp(), lr=0.1, metrics=[accuracy]), loss_fp32=loss_fp32)
+        run = Runner(cbs=[Watch()])
+        run.fit(1, learn)
+        ft.test_eq(set(dtypes), {dtype})
+        loss, acc = run.avg_stats.valid_stats.avg_stats
+        assert math.isfinite(loss) and acc > 0.5, (loss_fp32, loss, acc)  # summed in fp32 either way
+    with pytest.raises(TypeError, match='loss_fp32 must be True or False'): MixedPrecision(loss_fp32='no')
+
+
+def test_with_an_lr_finder_the_weights_are_as_before():
+    "LRFinder saves the fp32 weights before MixedPrecision halves them and restores them after it has put the masters back."
+    for flat in (False, True):
+        set_seed(0)
+        learn = to_fp16(Learner(make_data(), bn_mlp(), lr=0.1, opt_func=partial(SGD, momentum=0.9)),
+                        flat_master=flat)
+        Runner().fit(1, learn)  # momentum buffers to restore, too
+        before = [p.detach().clone() for p in learn.model.parameters()]
+        state = {k: v.clone() for k, v in learn.opt.state[next(learn.model.parameters())].items()}
+        run = Runner(cbs=[LRFinder(max_iter=10)])
+        run.fit(1, learn)
+        assert len(run.lr_finder.model_state or {}) == 0 and run.n_iter > 1  # it ran, and gave its copy back
+        for p, q in zip(before, learn.model.parameters()): ft.test_eq(p, q.detach())
+        after = learn.opt.state[next(learn.model.parameters())]
+        for k in state: ft.test_eq(after[k], state[k])
+        ft.test_eq({p.dtype for p in learn.model.parameters()}, {torch.float32})
+
+
+def test_state_dict_round_trip_and_checks():
+    mp = MixedPrecision(loss_scale=2.**10)
+    mp.noskip, mp.skipped = 3, 2
+    other = MixedPrecision()
+    other.load_state_dict(mp.state_dict())
+    ft.test_eq((other.loss_scale, other.noskip, other.skipped), (2.**10, 3, 2))
+    for bad in ({'loss_scale': -1., 'noskip': 0, 'skipped': 0}, {'loss_scale': 2.**30, 'noskip': 0, 'skipped': 0},
+                {'loss_scale': 8., 'noskip': -1, 'skipped': 0}, {'loss_scale': 8.}, None):
+        with pytest.raises(ValueError, match='a MixedPrecision state holds'): other.load_state_dict(bad)
+    ft.test_eq(other.loss_scale, 2.**10)  # a refused state changes nothing
+    assert other.fp32_state() is None  # outside a fit the model's own state is the checkpoint's
 
 
 def test_arguments_are_checked():

@@ -1,21 +1,26 @@
 """Unit tests for exp.learner: the Learner's methods, checkpoints and exact resume."""
+import math
 import os
 import subprocess
 import sys
 import textwrap
+from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
-from torch import nn, optim
+from torch import nn
 
 import exp.learner  # noqa: F401  (patches the Learner)
-from exp.callbacks import Callback, DataBunch, Learner
+from exp.callbacks import AvgStatsCallback, Callback, CancelEpochException, DataBunch, Learner
 from exp.data import set_seed
+from exp.early_stopping import EarlyStopping
 from exp.fp16 import MixedPrecision
 from exp.learner import SaveModelCallback, suggest_lr
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler
+from exp.optimizers import SGD, Adam
 
 
 def make_data(n=480, bs=32, seed=0):
@@ -31,7 +36,7 @@ def make_data(n=480, bs=32, seed=0):
 def make_learner(seed=0, fp16=False, metrics=(accuracy,)):
     set_seed(seed)
     learn = Learner(make_data(), nn.Sequential(nn.Linear(20, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4)),
-                    metrics=list(metrics), lr=0.2, opt_func=lambda ps, lr: optim.SGD(ps, lr=lr, momentum=0.9))
+                    metrics=list(metrics), lr=0.2, opt_func=lambda ps, lr: SGD(ps, lr=lr, momentum=0.9))
     learn.display = 'off'
     return learn.to_fp16(loss_scale=2.**10, max_noskip=5) if fp16 else learn
 
@@ -68,7 +73,7 @@ def test_fit_one_cycle_schedules_lr_and_momentum():
 
 def test_fit_one_cycle_with_adam_schedules_beta1():
     learn = make_learner()
-    learn.opt = optim.Adam(learn.model.parameters(), lr=0.01)
+    learn.opt = Adam(learn.model.parameters(), lr=0.01)
     learn.fit_one_cycle(1, max_lr=0.01)
     beta1 = learn.opt.param_groups[0]['betas'][0]
     assert 0.9 < beta1 < 0.95  # moved from Adam's 0.9, back towards 0.95 at the end of the cycle
@@ -119,8 +124,10 @@ def test_save_load_round_trip(tmp_path):
     learn.fit(2, cbs=[SaveModelCallback(tmp_path / 'a.pth')])
     state = torch.load(tmp_path / 'a.pth', weights_only=True)
     ft.test_eq((state['epoch'], state['epochs'], state['n_iter']), (1, 2, 2 * len(learn.data.train_dl)))
-    ft.test_eq(state['scaler'], {'loss_scale': learn.cbs[0].loss_scale, 'noskip': learn.cbs[0].noskip,
-                                 'skipped': learn.cbs[0].skipped})
+    ft.test_eq(state['version'], 2)
+    ft.test_eq(state['callbacks']['mixed_precision'], {'loss_scale': learn.cbs[0].loss_scale, 'noskip': learn.cbs[0].noskip,
+                                                       'skipped': learn.cbs[0].skipped})  # the scaler's own state_dict
+    ft.test_eq(sorted(state['callbacks']), ['avg_stats', 'mixed_precision', 'recorder', 'save_model'])
     other = make_learner(seed=1, fp16=True)
     other.load(tmp_path / 'a.pth')
     for p, q in zip(learn.model.parameters(), other.model.parameters()): ft.test_eq(p.detach(), q.detach())
@@ -214,7 +221,172 @@ def test_load_refuses_a_crafted_pickle(tmp_path):
         make_learner().load(tmp_path / 'evil.pth')
     assert not marker.exists()
     torch.save({'something': 'else'}, tmp_path / 'other.pth')
-    with pytest.raises(ValueError, match='not a version 1 checkpoint'): make_learner().load(tmp_path / 'other.pth')
+    with pytest.raises(ValueError, match='not a checkpoint this library wrote: it has no version between 1 and 2'):
+        make_learner().load(tmp_path / 'other.pth')
+
+
+FIXTURES = Path(__file__).parent / 'fixtures'
+
+
+def v1_learner():
+    "The learner that wrote tests/fixtures/checkpoint_v1.pth, with the version 1 format's save."
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(48, 5, generator=g), torch.randint(0, 3, (48,), generator=g)
+    train_ds, valid_ds = Dataset(x[:32], y[:32]), Dataset(x[32:], y[32:])
+    data = DataBunch(DataLoader(train_ds, Sampler(train_ds, 8, shuffle=True, seed=3)), DataLoader(valid_ds, Sampler(valid_ds, 8)), c=3)
+    set_seed(0)
+    model = nn.Sequential(nn.Linear(5, 4), nn.BatchNorm1d(4), nn.ReLU(), nn.Linear(4, 3))
+    learn = Learner(data, model, lr=0.1, opt_func=partial(SGD, momentum=0.9), metrics=[accuracy])
+    learn.display = 'off'
+    return learn.to_fp16(loss_scale=2.**10, max_noskip=3)
+
+
+def test_a_version_1_checkpoint_loads_and_resumes(capsys):
+    """checkpoint_v1.pth: `v1_learner().fit(2, cbs=[SaveModelCallback(path)])` stopped after epoch 0, saved by the code of
+    the version 1 format; checkpoint_v1_straight.pth: the model after the same fit run straight through, by that code."""
+    path = FIXTURES / 'checkpoint_v1.pth'
+    ft.test_eq(torch.load(path, weights_only=True)['version'], 1)
+    learn = v1_learner()
+    state = learn.load(path)
+    ft.test_eq((state['version'], state['epoch']), (2, 0))  # read as version 2
+    ft.test_eq(learn.cbs[0].state_dict(), {'loss_scale': 2048., 'noskip': 1, 'skipped': 0})  # the scaler, loaded
+    ft.test_eq(sorted(state['callbacks']), ['avg_stats', 'mixed_precision', 'recorder'])
+    resumed = v1_learner()
+    resumed.fit(2, resume=path)
+    straight = torch.load(FIXTURES / 'checkpoint_v1_straight.pth', weights_only=True)
+    for k, v in resumed.model.state_dict().items(): ft.test_close(v.float(), straight[k].float(), eps=1e-5)
+    rows = resumed.run.avg_stats.history
+    ft.test_eq([r['epoch'] for r in rows], [0, 1])
+    ft.test_eq(rows[0], state['callbacks']['avg_stats']['history'][0])  # epoch 0's row from the old checkpoint
+    ft.test_eq(len(resumed.recorder.losses), 2 * len(resumed.data.train_dl))
+
+
+def test_other_versions_are_refused_with_a_clear_message(tmp_path):
+    learn = make_learner()
+    learn.save(tmp_path / 'a.pth')
+    state = torch.load(tmp_path / 'a.pth', weights_only=True)
+    for version, message in ((3, 'a version 3 checkpoint, written by a newer version of this library; this one reads versions 1 to 2'),
+                             (0, 'has no version between 1 and 2'), (True, 'has no version between 1 and 2'),
+                             ('2', 'has no version between 1 and 2')):
+        torch.save({**state, 'version': version}, tmp_path / 'b.pth')
+        with pytest.raises(ValueError, match=message): learn.load(tmp_path / 'b.pth')
+
+
+def test_callbacks_own_their_checkpoint_state(tmp_path):
+    learn = make_learner()
+    cb = SaveModelCallback(tmp_path / 'a.pth', every='improvement')
+    learn.fit(2, cbs=[cb, EarlyStopping(patience=3)])
+    saved = torch.load(tmp_path / 'a.pth', weights_only=True)['callbacks']
+    ft.test_eq(sorted(saved), ['avg_stats', 'early_stopping', 'recorder', 'save_model'])
+    ft.test_eq(saved['save_model'], {'best': cb.best, 'best_epoch': cb.best_epoch})
+    ft.test_eq(set(saved['early_stopping']), {'best', 'best_epoch', 'wait'})
+    ft.test_eq(saved['recorder']['losses'].shape, (len(saved['recorder']['lrs'][0]),))
+    ft.test_eq(len(saved['avg_stats']['history']), cb.best_epoch + 1)  # written at the best epoch
+    plain = make_learner()
+    plain.save(tmp_path / 'plain.pth')  # no fit: nothing recorded
+    ft.test_eq(torch.load(tmp_path / 'plain.pth', weights_only=True)['callbacks'], {})
+
+
+class Script(Callback):
+    "Replace the monitored column of each epoch's row by the next value of `values`, before the trackers read it."
+    run_after, run_before = (AvgStatsCallback,), (SaveModelCallback, EarlyStopping)
+    def __init__(self, values): self.values = values
+    def after_epoch(self): self.avg_stats.history[-1]['valid_loss'] = self.values[self.epoch]
+
+
+def test_a_nan_first_epoch_never_becomes_the_best(tmp_path):
+    "The defect: a NaN in the first epoch became the best, and then no epoch could beat it, so nothing was saved again."
+    class NoValidation(Callback):
+        def begin_validate(self):
+            if self.epoch == 0: raise CancelEpochException()  # epoch 0 has no validation: its valid_loss is NaN
+    learn = make_learner()
+    cb = SaveModelCallback(tmp_path / 'best.pth', every='improvement')
+    learn.fit(3, cbs=[NoValidation(), cb])
+    history = [row['valid_loss'] for row in learn.run.avg_stats.history]
+    assert math.isnan(history[0]) and not math.isnan(cb.best)
+    best_epoch = min((1, 2), key=lambda i: history[i])
+    ft.test_eq((cb.best, cb.best_epoch), (history[best_epoch], best_epoch))
+    ft.test_eq(torch.load(tmp_path / 'best.pth', weights_only=True)['epoch'], best_epoch)
+
+
+def test_a_resumed_run_keeps_the_trackers_best(tmp_path):
+    "Stopped after a best epoch and resumed, a worse epoch is not saved as a new best."
+    path = tmp_path / 'best.pth'
+    learn = make_learner()
+    with pytest.raises(KeyboardInterrupt):
+        learn.fit(3, cbs=[Script([1.0, 0.5, 0.9]), SaveModelCallback(path, every='improvement'), StopAfter(1)])
+    ft.test_eq(torch.load(path, weights_only=True)['epoch'], 1)
+    resumed = make_learner()
+    cb = SaveModelCallback(path, every='improvement')
+    resumed.fit(3, cbs=[Script([1.0, 0.5, 0.9]), cb], resume=path)
+    ft.test_eq((cb.best, cb.best_epoch, cb.last_saved), (0.5, 1, None))  # epoch 2 (0.9) is not better than 0.5
+    ft.test_eq(torch.load(path, weights_only=True)['epoch'], 1)
+
+
+def test_show_events_of_a_typical_learner(tmp_path, capsys):
+    learn = make_learner(fp16=True)
+    learn.fit_one_cycle(1, cbs=[SaveModelCallback(tmp_path / 'a.pth', every='improvement'), EarlyStopping(patience=2)])
+    capsys.readouterr()
+    learn.run.show_events()
+    table = {line[:20].strip(): line[20:].split(', ') for line in capsys.readouterr().out.splitlines()}
+    ft.test_eq(table, {
+        'begin_fit': ['TrainEvalCallback', 'Recorder', 'ProgressCallback', 'ParamScheduler', 'ParamScheduler',
+                      'AvgStatsCallback', 'SaveModelCallback', 'EarlyStopping', 'MixedPrecision'],
+        'begin_epoch': ['TrainEvalCallback', 'ProgressCallback', 'AvgStatsCallback'],
+        'begin_batch': ['ParamScheduler', 'ParamScheduler', 'MixedPrecision'],
+        'after_pred': ['MixedPrecision'],
+        'after_loss': ['Recorder', 'AvgStatsCallback', 'MixedPrecision'],
+        'after_backward': ['MixedPrecision'],
+        'after_step': ['MixedPrecision'],
+        'after_batch': ['TrainEvalCallback', 'ProgressCallback'],
+        'begin_validate': ['TrainEvalCallback', 'ProgressCallback'],
+        'after_epoch': ['AvgStatsCallback', 'SaveModelCallback', 'EarlyStopping'],
+        'after_fit': ['MixedPrecision', 'ProgressCallback'],  # teardown in reverse
+        'after_cancel_batch': ['-'], 'after_cancel_step': ['-'], 'after_cancel_epoch': ['-'],
+        'after_cancel_train': ['EarlyStopping']})
+
+
+def test_fit_one_cycle_takes_fastai_v1s_arguments():
+    learn = make_learner()
+    learn.fit_one_cycle(2, 0.4, (0.9, 0.8), 20., 0.25)  # cyc_len, max_lr, moms, div_factor, pct_start: by position
+    lrs, n = learn.recorder.lrs[0], len(learn.recorder.lrs[0])
+    ft.test_close(lrs[0], 0.4 / 20)
+    ft.test_close(max(lrs), 0.4, eps=1e-3)
+    ft.test_eq(lrs.index(max(lrs)), round(0.25 * n))
+    lr_sched, mom_sched = (next(cb for cb in learn.run.cbs if getattr(cb, 'pname', None) == name) for name in ('lr', 'momentum'))
+    ft.test_close([lr_sched.sched_funcs[0](pos) for pos in (0., 0.25, 1.)], [0.4 / 20, 0.4, 0.4 / (20 * 1e4)], eps=1e-9)
+    ft.test_close([mom_sched.sched_funcs[0](pos) for pos in (0., 0.25, 1.)], [0.9, 0.8, 0.9], eps=1e-9)
+    learn = make_learner()
+    learn.fit_one_cycle(1, max_lr=0.4, final_div=100.)
+    lr_sched = next(cb for cb in learn.run.cbs if getattr(cb, 'pname', None) == 'lr')
+    ft.test_close([lr_sched.sched_funcs[0](pos) for pos in (0., 1.)], [0.4 / 25, 0.4 / 100], eps=1e-9)  # v1's div_factor 25
+    for kwargs, message in ((dict(moms=0.9), 'moms must be two numbers'), (dict(div_factor=0), 'div_factor must be a number > 0'),
+                            (dict(final_div='x'), 'final_div must be a number > 0')):
+        with pytest.raises(ValueError, match=message): make_learner().fit_one_cycle(1, **kwargs)
+
+
+def test_learner_cb_funcs():
+    "course-v3's Learner(..., cb_funcs=...): each is called to make a callback of the learner."
+    learn = Learner(make_data(), nn.Linear(20, 4), cb_funcs=[partial(AvgStatsCallback, [accuracy], print_stats=False), Callback])
+    ft.test_eq([type(cb) for cb in learn.cbs], [AvgStatsCallback, Callback])
+    learn = Learner(make_data(), nn.Linear(20, 4), cbs=[StopAfter(5)], cb_funcs=partial(AvgStatsCallback, [accuracy]))
+    ft.test_eq([type(cb) for cb in learn.cbs], [StopAfter, AvgStatsCallback])
+    learn.display = 'off'
+    learn.fit(1)
+    ft.test_eq(learn.run.find(AvgStatsCallback), learn.cbs[1])  # the learner's own, not a second one for metrics
+    with pytest.raises(TypeError, match='cb_funcs must be callables'): Learner(make_data(), nn.Linear(20, 4), cb_funcs=[StopAfter(1)])
+
+
+def test_to_fp16_takes_loss_fp32():
+    learn = make_learner().to_fp16(loss_fp32=False)
+    assert learn.cbs[0].loss_fp32 is False and make_learner().to_fp16().cbs[0].loss_fp32 is True
+
+
+def test_only_rank_0_writes_a_checkpoint(tmp_path):
+    learn = make_learner()
+    learn.rank = 1  # as to_distributed sets it on the other processes
+    ft.test_eq(learn.save(tmp_path / 'a.pth'), tmp_path / 'a.pth')
+    assert not (tmp_path / 'a.pth').exists()
 
 
 KILL_DURING_SAVE = textwrap.dedent('''
@@ -259,7 +431,7 @@ def test_checkpoint_with_the_hand_written_optimizer(tmp_path):
 
 @pytest.mark.slow
 def test_the_seeds_example_as_written():
-    "fastai v1's example as written, on mnist_sample()'s default, MNIST's 3s and 7s: seed 0 gives 0.968 (seeds 0-9: 0.962-0.970); threshold 0.96."
+    "fastai v1's example as written, on mnist_sample()'s default, MNIST's 3s and 7s: seed 0 gives 0.968 (seeds 0-9: 0.962-0.968); threshold 0.96."
     from exp.cnn import mnist_sample, simple_cnn
     set_seed(0)
     learn = Learner(mnist_sample(), simple_cnn((1, 16, 16, 2)), metrics=[accuracy]).to_fp16()  # downloads MNIST once

@@ -9,7 +9,7 @@ from fastcore import test as ft  # fastcore.test.test_eq would be collected by p
 from torch import nn
 
 import exp.progress
-from exp.callbacks import AvgStatsCallback, Callback, CancelTrainException, DataBunch, Learner, Runner
+from exp.callbacks import AvgStatsCallback, Callback, CancelTrainException, DataBunch, Learner, Runner, print_row
 from exp.data import set_seed
 from exp.early_stopping import EarlyStopping
 from exp.loss import accuracy
@@ -61,7 +61,13 @@ def test_auto_in_a_captured_stdout_writes_clean_table_lines(capsys):
     ft.test_eq(lines[0].split(), HEADER)
     ft.test_eq([l.split()[0] for l in lines[1:]], ['0', '1', '2'])
     ft.test_eq(run.progress.table[1][3], f"{run.avg_stats.history[0]['valid_loss']:.6f}")
-    assert run.avg_stats.print_stats  # handed back
+    ft.test_eq(run.logger, print_row)  # the runner's own logger again
+
+
+def test_the_progress_bar_is_the_logger_before_the_header_whatever_the_order_given(capsys):
+    run = Runner(cbs=[AvgStatsCallback([accuracy]), ProgressCallback('text')])  # AvgStatsCallback given first
+    run.fit(2, make_learner(metrics=()))
+    ft.test_eq(capsys.readouterr().out.splitlines(), expected_lines(run.avg_stats.history))  # the header too is ours
 
 
 def test_console_bars_leave_only_the_table_on_a_terminal(capsys):
@@ -127,7 +133,7 @@ def test_cancel_or_error_mid_epoch_closes_and_hands_back(exc, display, capsys):
     raw = capsys.readouterr().out
     ft.test_eq(untimed(terminal_view(raw)), untimed(expected_lines(run.avg_stats.history)))
     ft.test_eq(len(run.avg_stats.history), 1)
-    assert run.avg_stats.print_stats and run.progress.mbar is None
+    assert run.logger is print_row and run.progress.mbar is None
 
 
 def test_without_avg_stats_only_bars(capsys):
@@ -147,11 +153,11 @@ def test_zero_epochs_writes_the_header(capsys):
 
 
 def test_avg_stats_silenced_by_choice_stays_silent(capsys):
-    stats = AvgStatsCallback([accuracy], print_stats=False)
-    run = Runner(cbs=[ProgressCallback(), stats])
+    stats = AvgStatsCallback([accuracy], print_stats=False)  # it logs nothing: no table, wherever the logger writes
+    run = Runner(cbs=[ProgressCallback('text'), stats])
     run.fit(1, make_learner())
-    ft.test_eq(len(capsys.readouterr().out.splitlines()), 2)  # the table is the progress callback's
-    assert stats.print_stats is False
+    ft.test_eq(capsys.readouterr().out, '')
+    ft.test_eq((len(stats.history), run.progress.table), (1, []))
 
 
 # ---------------------------------------------------------------- in an IPython shell, notebook bars
@@ -176,7 +182,7 @@ def test_notebook_bars_build_the_html_table(ipython_shell):
     cb = run.progress
     ft.test_eq(cb.table[0], HEADER)
     ft.test_eq(len(cb.table), 3)
-    assert run.avg_stats.print_stats
+    assert run.logger is print_row
 
 
 # ---------------------------------------------------------------- formatting and checks

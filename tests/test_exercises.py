@@ -1,0 +1,151 @@
+"""The notebooks' exercise checks: each passes a reference solution, rejects wrong ones with a helpful message, and
+reports an exercise not yet answered without failing. The reference solutions live here, out of the learner's way."""
+import pytest
+import torch
+
+from exp.backprop import (ExerciseError, check_leaky_relu_function, check_scale_backward, check_sigmoid_backward,
+                          exercise, expect_close)
+from exp.optimizers import check_adam_first_step, check_ewma_after_three, check_rmsprop_step
+
+
+def not_answered(*args, **kwargs):
+    raise NotImplementedError  # what the notebooks' exercise cells hold until they are filled in
+
+
+# ---------------------------------------------------------------- reference solutions
+
+def sigmoid_backward(inp, out_g):
+    s = torch.sigmoid(inp)
+    return s * (1 - s) * out_g
+
+
+def scale_backward(inp, w, out_g): return out_g * w, (inp * out_g).sum(0)
+
+
+class LeakyReluFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.where(x > 0, x, 0.1 * x)
+
+    @staticmethod
+    def backward(ctx, out_g):
+        x, = ctx.saved_tensors
+        return torch.where(x > 0, out_g, 0.1 * out_g)
+
+
+def rmsprop_step(p, grad, square_avg, lr=0.01, alpha=0.99, eps=1e-8):
+    square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+    p.addcdiv_(grad, square_avg.sqrt().add_(eps), value=-lr)
+
+
+# ---------------------------------------------------------------- wrong ones, and what the checks say about them
+
+class LeakyForgetsTheSlope(LeakyReluFunction):
+    @staticmethod
+    def backward(ctx, out_g):
+        x, = ctx.saved_tensors
+        return (x > 0) * out_g
+
+
+class LeakyIsRelu(LeakyReluFunction):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.clamp_min(0)
+
+
+def rmsprop_eps_inside(p, grad, square_avg, lr=0.01, alpha=0.99, eps=1e-8):
+    square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+    p.addcdiv_(grad, (square_avg + eps).sqrt(), value=-lr)
+
+
+def rmsprop_no_average(p, grad, square_avg, lr=0.01, alpha=0.99, eps=1e-8):
+    square_avg.copy_(grad * grad)
+    p.addcdiv_(grad, square_avg.sqrt().add_(eps), value=-lr)
+
+
+def rmsprop_new_tensor(p, grad, square_avg, lr=0.01, alpha=0.99, eps=1e-8):
+    square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
+    return p - lr * grad / (square_avg.sqrt() + eps)
+
+
+CHECKS = [
+    (check_sigmoid_backward, sigmoid_backward, [
+        (lambda inp, g: torch.sigmoid(inp) * (1 - torch.sigmoid(inp)), 'the chain rule multiplies it by out_g'),
+        (lambda inp, g: torch.sigmoid(inp) * g, r'sigmoid\(x\) \* \(1 - sigmoid\(x\)\), not sigmoid\(x\)'),
+        (lambda inp, g: inp * (1 - inp) * g, 'compute s = torch.sigmoid'),
+        (lambda inp, g: g[:, :3], r'has shape \(8, 3\), but should have shape \(8, 5\)'),
+        (lambda inp, g: -g, 'should be .*; the gradient is out_g times the derivative')]),
+    (check_scale_backward, scale_backward, [
+        (lambda inp, w, g: (g * w, inp * g), 'w_g has one row per example'),
+        (lambda inp, w, g: (g, (inp * g).sum(0)), 'inp_g is wrong: out = inp \\* w'),
+        (lambda inp, w, g: (g * w, (inp * g).mean(0)), 'sum over the batch, not the mean'),
+        (lambda inp, w, g: (g * w, g.sum(0)), 'out_g times the input that w multiplied'),
+        (lambda inp, w, g: g * w, r'should return a pair \(inp_g, w_g\)')]),
+    (check_leaky_relu_function, LeakyReluFunction, [
+        (LeakyForgetsTheSlope, 'below zero the gradient is 0.1 \\* out_g, not 0'),
+        (LeakyIsRelu, 'that is ReLU'),
+        (lambda x: x, 'should be a subclass of torch.autograd.Function')]),
+    (check_ewma_after_three, 1 - 0.9 ** 3, [
+        (0.9 ** 3, 'the weight still on the starting 0'),
+        (0.3, 'the weights are not equal'),
+        (0.5, 'compute it step by step'),
+        ('0.271', 'should be a number')]),
+    (check_rmsprop_step, rmsprop_step, [
+        (rmsprop_eps_inside, 'eps outside the root'),
+        (rmsprop_no_average, 'square_avg starts at 0 and is an EWMA'),
+        (rmsprop_new_tensor, 'must update p in place')]),
+    (check_adam_first_step, -0.01 * 1e-3 / (1e-3 + 1e-8), [
+        (0.01, 'the change is negative'),
+        (-1e-5, "that is SGD's step"),
+        (-0.0316, 'without bias correction'),
+        (-0.02, 'debias both')]),
+]
+IDS = [check.__name__ for check, *_ in CHECKS]
+
+
+@pytest.mark.parametrize('check, solution, wrongs', CHECKS, ids=IDS)
+def test_reference_solution_passes(check, solution, wrongs, capsys):
+    check(solution)
+    assert capsys.readouterr().out.endswith(': correct\n')
+
+
+@pytest.mark.parametrize('check, solution, wrongs', CHECKS, ids=IDS)
+def test_wrong_answers_fail_with_a_hint(check, solution, wrongs, capsys):
+    for wrong, hint in wrongs:
+        with pytest.raises(ExerciseError, match=hint): check(wrong)
+    assert 'correct' not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('check', [c for c, *_ in CHECKS], ids=IDS)
+def test_an_unanswered_exercise_is_reported_not_failed(check, capsys):
+    class NotAnswered(torch.autograd.Function):  # the notebook's stub for a Function
+        forward = staticmethod(lambda ctx, x: not_answered())
+        backward = staticmethod(lambda ctx, g: not_answered())
+    stub = {check_leaky_relu_function: NotAnswered, check_ewma_after_three: ..., check_adam_first_step: ...}.get(check, not_answered)
+    assert check(stub) is None
+    assert 'not answered yet' in capsys.readouterr().out
+
+
+def test_numbers_as_tensors_are_accepted(capsys):
+    check_ewma_after_three(torch.tensor(0.271))
+    check_adam_first_step(torch.tensor(-0.0099999))
+    assert capsys.readouterr().out.count('correct') == 2
+
+
+def test_the_mechanism_on_its_own(capsys):
+    @exercise
+    def check_double(f):
+        expect_close(f(torch.arange(3.)), torch.arange(3.) * 2, 'f(x)', mistakes=[(torch.arange(3.) ** 2, 'that squares')],
+                     hint='double it')
+    check_double(lambda x: x * 2)
+    with pytest.raises(ExerciseError, match='f\\(x\\) is wrong: that squares'): check_double(lambda x: x ** 2)
+    with pytest.raises(ExerciseError, match=r'its element 2 \(counting in order\) is 6 but should be 4; double it'):
+        check_double(lambda x: x * 3)
+    with pytest.raises(ExerciseError, match='f\\(x\\) should be a tensor, got list'): check_double(lambda x: [0, 2, 4])
+    with pytest.raises(ZeroDivisionError): check_double(lambda x: 1 / 0)  # the learner's own errors come through as they are
+    check_double(not_answered)
+    out = capsys.readouterr().out
+    assert out == 'double: correct\ndouble: not answered yet; fill in the cell and run it again\n'
+    assert check_double.__name__ == 'check_double'
