@@ -463,3 +463,29 @@ def test_a_raising_after_fit_ordered_before_mixed_precision_leaves_the_model_fp3
     model_params = set(map(id, learn.model.parameters()))
     ft.test_eq({id(p) for pg in learn.opt.param_groups for p in pg['params']}, model_params)  # the model's own again
     Runner().fit(1, learn)  # and the next fit trains
+
+
+EVENTS_THAT_FAIL = ('begin_fit', 'begin_batch', 'after_backward', 'after_step', 'after_epoch', 'after_fit')
+
+
+def fail_at(event: str, order: int) -> Callback:
+    "A callback that raises RuntimeError at `event` (in training batch 2 for the batch events), ordered before or after MixedPrecision."
+    def fail(self):
+        if event in ('begin_fit', 'after_epoch', 'after_fit') or (self.in_train and self.n_iter == 2):
+            raise RuntimeError(f'failed at {event}')
+    return type('FailAt', (Callback,), {'_order': order, event: fail})()
+
+
+@pytest.mark.parametrize('order', [50, 200], ids=['before_mp', 'after_mp'])
+@pytest.mark.parametrize('event,flat_master', [(e, False) for e in EVENTS_THAT_FAIL] + [('after_backward', True), ('after_fit', True)])
+def test_a_failure_at_any_event_leaves_the_model_fp32_with_its_own_parameters_in_the_optimizer(event, flat_master, order):
+    learn = fp16_learner(flat_master=flat_master)
+    model_params = [id(p) for p in learn.model.parameters()]
+    with pytest.raises(RuntimeError, match=f'failed at {event}'): Runner(cbs=[fail_at(event, order)]).fit(1, learn)
+    ft.test_eq({p.dtype for p in learn.model.parameters()}, {torch.float32})
+    ft.test_eq([id(p) for pg in learn.opt.param_groups for p in pg['params']], model_params)
+    assert all(p.grad is None for p in learn.model.parameters())
+    before = [p.detach().clone() for p in learn.model.parameters()]
+    Runner().fit(1, learn)  # the next fit trains, in fp16 again, and moves the model's own weights
+    assert any(not torch.equal(p, b) for p, b in zip(learn.model.parameters(), before))
+    ft.test_eq({p.dtype for p in learn.model.parameters()}, {torch.float32})
