@@ -156,20 +156,50 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_hanging_rank_times_out(tmp_path, no_torchrun_env):
-    "Without torchrun's watch: rank 1 joins, then sleeps; rank 0's first collective fails after the timeout (3 s)."
-    port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(tmp_path), '--stall', '--timeout', '3'],
-                              env={**os.environ, 'RANK': str(r), 'LOCAL_RANK': str(r), 'WORLD_SIZE': '2',
-                                   'MASTER_ADDR': 'localhost', 'MASTER_PORT': port, 'OMP_NUM_THREADS': '1'},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+def by_hand(args, port: int, world: int = 2, extra_env: dict | None = None) -> list[subprocess.Popen]:
+    "The worker in `world` processes started by hand (no torchrun watching them), meeting at 127.0.0.1:`port`."
+    return [subprocess.Popen([sys.executable, str(WORKER), *map(str, args)],
+                             env={**os.environ, 'RANK': str(r), 'LOCAL_RANK': str(r), 'WORLD_SIZE': str(world),
+                                  'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port), 'OMP_NUM_THREADS': '1',
+                                  **(extra_env or {})},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+
+
+OPERATION = {'batch': 'rank 0: the gradient all-reduce (DDP, in backward) of epoch 1, batch 2 failed',
+             'broadcast': 'rank 0: broadcasting the model failed',
+             'validation': 'rank 0: summing the statistics of epoch 1 failed'}
+
+
+@pytest.mark.parametrize('at', ['batch', 'broadcast', 'validation'])
+@pytest.mark.parametrize('fault', ['raise', 'kill', 'hang'])
+def test_a_failing_peer_is_a_distributed_error(fault, at, tmp_path, no_torchrun_env):
+    "Rank 1 raises, is SIGKILLed or hangs (3 s timeout), without torchrun's watch: rank 0 ends with one DistributedError naming it."
+    procs = by_hand([tmp_path, '--fault', fault, '--at', at, '--timeout', 3], free_port())
     try:
-        _, err = procs[0].communicate(timeout=120)
-        assert procs[0].returncode != 0
-        assert 'DistributedError: rank 0: broadcasting the model failed' in err, err[-2000:]
-        assert 'did not join within the timeout' in err
+        _, err = procs[0].communicate(timeout=90)  # a hang: the 3 s timeout, not the 300 s default
+        if fault == 'raise': _, peer_err = procs[1].communicate(timeout=60)
     finally:
-        for p in procs: p.kill(); p.wait()
+        for p in procs: p.kill(); p.communicate()
+    ft.test_eq(procs[0].returncode, 1)  # an exception, not a signal: no SIGABRT at exit
+    last = err.strip().splitlines()[-1]
+    assert (f"exp.distributed.DistributedError: {OPERATION[at]}: another process died, hung or did "
+            "not answer within the 3 s timeout (") in last, err[-3000:]
+    assert 'terminate called' not in err
+    assert not (tmp_path / 'rank0.json').exists()
+    if fault == 'raise':  # the failing process leaves cleanly too: its error, and no abort at exit
+        ft.test_eq(procs[1].returncode, 1)
+        assert 'RuntimeError: rank 1: failing on purpose' in peer_err and 'terminate called' not in peer_err, peer_err[-2000:]
+
+
+def test_an_unreachable_rendezvous_fails_within_the_timeout(tmp_path, no_torchrun_env):
+    "Rank 1 of 2 with nobody at MASTER_ADDR:MASTER_PORT: one DistributedError after the 3 s timeout, not 300 s."
+    env = {**os.environ, 'RANK': '1', 'LOCAL_RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '127.0.0.1',
+           'MASTER_PORT': str(free_port()), 'OMP_NUM_THREADS': '1'}
+    proc = subprocess.run([sys.executable, str(WORKER), str(tmp_path), '--timeout', '3'], env=env, capture_output=True,
+                          text=True, timeout=90)
+    ft.test_eq(proc.returncode, 1)
+    assert 'DistributedError: rank 1: joining the process group at 127.0.0.1:' in proc.stderr, proc.stderr[-2000:]
+    assert 'within the 3 s timeout' in proc.stderr
 
 
 def test_exp_train_under_torchrun(tmp_path, no_torchrun_env):
@@ -213,3 +243,73 @@ def test_exp_train_with_half_of_torchruns_environment_says_how_to_launch(tmp_pat
     ft.test_eq(len(proc.stderr.strip().splitlines()), 1)
     assert 'RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not set' in proc.stderr and 'torchrun' in proc.stderr
     assert not (tmp_path / 'run').exists()
+
+
+TRAIN = ('-m', 'exp.train', '--arch', 'mlp', '--epochs', 4, '--seed', 0)  # 4 epochs of the embedded digits, no batch norm
+FAULT = Path(__file__).parent / 'fault_train.py'
+
+
+def weights(run: Path) -> dict:
+    return torch.load(run / 'model.pth', weights_only=True)['model']
+
+
+def max_diff(a: dict, b: dict) -> float:
+    ft.test_eq(sorted(a), sorted(b))
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope='module')
+def two_process_run(tmp_path_factory):
+    "The reference: exp.train on two processes, uninterrupted."
+    out = tmp_path_factory.mktemp('two') / 'run'
+    launch(*TRAIN, '--out', out, nproc=2, timeout=300, env=CPU_ONLY)
+    return out
+
+
+def test_exp_train_is_one_run_whatever_the_world_size(two_process_run, tmp_path, no_torchrun_env):
+    "The same options in one process (no torchrun) and on two: the same global batches, weights within 1e-5."
+    out = tmp_path / 'run'
+    subprocess.run([sys.executable, *map(str, TRAIN), '--out', str(out)], check=True, capture_output=True, timeout=300,
+                   env={**os.environ, **CPU_ONLY, 'OMP_NUM_THREADS': '1'})
+    diff = max_diff(weights(out), weights(two_process_run))
+    assert diff < 1e-5, diff
+    one, two = ((r / 'metrics.csv').read_text().splitlines() for r in (out, two_process_run))
+    ft.test_eq(len(one), 5)
+    for a, b in zip(one[1:], two[1:]):  # the table too: valid_accuracy exactly, the losses within 1e-5
+        a, b = a.split(',')[:-1], b.split(',')[:-1]  # the time column differs
+        assert all(abs(float(x) - float(y)) < 1e-5 for x, y in zip(a, b)), (a, b)
+
+
+def test_an_elastic_restart_resumes_the_run(two_process_run, tmp_path, no_torchrun_env):
+    "torchrun --max-restarts 1; rank 1 SIGKILLed in epoch 2: the restarted workers resume from epoch 1's checkpoint."
+    out = tmp_path / 'run'
+    proc = launch(FAULT, tmp_path / 'unused', 'kill-rank1', *TRAIN[2:], '--out', out, nproc=2, max_restarts=1, timeout=300,
+                  env=CPU_ONLY, check=False)
+    ft.test_eq(proc.returncode, 0)
+    lines = rank_lines(proc.stdout, 0)
+    assert sum('resuming at epoch 2' in l for l in lines) == 1, lines  # the second attempt went on, not from epoch 0
+    errors = [l for l in rank_lines(proc.stderr, 0) if 'exp.train: error:' in l]
+    ft.test_eq(len(errors), 1)  # the first attempt's rank 0: one line, naming the operation
+    assert 'rank 0: the gradient all-reduce (DDP, in backward) of epoch 2, batch 9 failed' in errors[0], errors
+    assert 'torchrun restarts the workers, which go on from there (1 restart left)' in errors[0]
+    rows = (out / 'metrics.csv').read_text().splitlines()
+    ft.test_eq([r.split(',')[0] for r in rows], ['epoch', '0', '1', '2', '3'])  # each epoch once
+    diff = max_diff(weights(out), weights(two_process_run))
+    assert diff < 1e-6, diff
+    ft.test_eq(sorted(p.name for p in tmp_path.iterdir()), ['run'])  # no partial folder left
+
+
+def test_two_nodes_train_like_two_processes(two_process_run, tmp_path, no_torchrun_env):
+    "Two torchrun agents (--nnodes 2, c10d rendezvous on 127.0.0.1), one process each: the same weights, within 1e-5."
+    out, port = tmp_path / 'run', free_port()
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nnodes', '2', '--nproc-per-node', '1', '--rdzv-backend', 'c10d',
+           '--rdzv-endpoint', f'127.0.0.1:{port}', '--rdzv-id', 'two-nodes', *map(str, TRAIN), '--out', str(out)]
+    env = {**os.environ, **CPU_ONLY, 'OMP_NUM_THREADS': '1'}
+    nodes = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try: results = [n.communicate(timeout=300) for n in nodes]
+    finally:
+        for n in nodes: n.kill(); n.communicate()
+    ft.test_eq([n.returncode for n in nodes], [0, 0])
+    assert sum('2 processes;' in o for o, _ in results) == 1  # one node's worker is rank 0: it alone reports
+    diff = max_diff(weights(out), weights(two_process_run))
+    assert diff < 1e-5, diff
