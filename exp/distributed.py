@@ -11,8 +11,10 @@ import inspect
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from typing import Callable, Iterator, Sequence
 
@@ -289,6 +291,16 @@ def _valid_bs(dl) -> int:
         raise TypeError(f"to_distributed shards exp.minibatch DataLoaders with a Sampler; got {type(dl).__name__}")
     return sampler.bs * getattr(sampler, 'num_replicas', 1)
 
+def _wait_for(host: str, port: int, timeout: float) -> None:
+    "Return once something accepts connections at `host`:`port`; raise TimeoutError if nothing has within `timeout` s."
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(1., deadline - time.monotonic()))): return
+        except OSError as e:
+            if time.monotonic() >= deadline: raise TimeoutError(f"nothing answered at {host}:{port} ({e.strerror or e})") from None
+            time.sleep(0.2)
+
 def join_group(backend: str, timeout: float, device: torch.device | None = None) -> None:
     "Join torchrun's process group, on a store of its own per restart; a rendezvous that fails in `timeout` s is a DistributedError."
     env = torchrun_env()
@@ -297,12 +309,13 @@ def join_group(backend: str, timeout: float, device: torch.device | None = None)
     agent = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'  # torchrun's agent hosts the store; else rank 0
     _timeout[0] = timeout
     try:
+        if agent or rank != 0: _wait_for(host, port, timeout)  # in Python: torch's own wait logs each retry on stderr
         store = dist.TCPStore(host, port, world, is_master=not agent and rank == 0, timeout=timedelta(seconds=timeout),
                               multi_tenant=not agent)
         # a restarted group meets on the agent's store, which still holds the last attempt's addresses: its own prefix
         dist.init_process_group(backend, store=dist.PrefixStore(f'exp/attempt-{attempt}', store), rank=rank,
                                 world_size=world, timeout=timedelta(seconds=timeout), device_id=device)
-    except (RuntimeError, dist.DistError) as e:
+    except (RuntimeError, dist.DistError, OSError) as e:
         raise _failure(f"joining the process group at {host}:{port} (rendezvous)", e, rank) from e
     atexit.unregister(_leave_at_exit)
     atexit.register(_leave_at_exit)
