@@ -344,6 +344,7 @@ class AvgStats:
     "Loss and metrics summed over an epoch, weighted by batch size, for training (`in_train`) or validation."
     def __init__(self, metrics: Sequence[Callable], in_train: bool):
         self.metrics, self.in_train = listify(metrics), in_train
+        self.batch_sums = [getattr(m, 'batch_sum', None) for m in self.metrics]  # see "Making it fast"
         self.reset()
 
     def reset(self) -> None:
@@ -360,10 +361,23 @@ class AvgStats:
 
     def accumulate(self, run: Runner) -> None:
         "Add one batch: its loss and metrics, each times the batch size."
-        n = len(run.xb)
-        self.tot_loss = self.tot_loss + run.loss.detach() * n
+        n, loss, pred, yb = len(run.xb), run.loss.detach(), run.pred, run.yb
+        if not self.count: self._first_batch(loss, pred, yb)
+        self.tot_loss.add_(loss, alpha=n)  # in place: no new tensor per batch
         self.count += n
-        for i, metric in enumerate(self.metrics): self.tot_mets[i] = self.tot_mets[i] + metric(run.pred, run.yb).detach() * n
+        for i, (metric, batch_sum) in enumerate(zip(self.metrics, self.batch_sums)):
+            if batch_sum is not None: self.tot_mets[i].add_(batch_sum(pred, yb))  # a count: no gradient to cut
+            else: self.tot_mets[i] = self.tot_mets[i] + metric(pred.detach(), yb) * n
+
+    def _first_batch(self, loss: torch.Tensor, pred: torch.Tensor, yb: torch.Tensor) -> None:
+        "Put the sums where the batches are, in at least fp32; call each summed metric once in full, to check its arguments."
+        self.tot_loss = self.tot_loss.to(loss.device, torch.promote_types(loss.dtype, torch.float32))
+        for i, (metric, batch_sum) in enumerate(zip(self.metrics, self.batch_sums)):
+            if batch_sum is None: continue
+            metric(pred, yb)
+            if batch_sum(pred, yb).requires_grad:  # summed in place, it would chain every batch's graph to the next
+                raise TypeError(f"{getattr(metric, '__name__', metric)}.batch_sum must return a tensor without gradient (a count)")
+            self.tot_mets[i] = self.tot_mets[i].to(pred.device)
 
     def __repr__(self) -> str:
         if not self.count: return ''
@@ -391,8 +405,8 @@ class AvgStatsCallback(Callback):
         self.start = time.perf_counter()
 
     def after_loss(self):
-        stats = self.train_stats if self.in_train else self.valid_stats
-        with torch.no_grad(): stats.accumulate(self.run)
+        run = self.run  # read directly at every batch: see "Making it fast"
+        (self.train_stats if run.in_train else self.valid_stats).accumulate(run)
 
     def after_epoch(self):
         values = [self.epoch, *self.train_stats.avg_stats, *self.valid_stats.avg_stats, time.perf_counter() - self.start]

@@ -284,6 +284,18 @@ def test_accuracy_by_hand():
     ft.test_eq(accuracy(out.half(), torch.tensor([0, 1, 0, 1, 1])), torch.tensor(0.))
 
 
+@given(st.integers(1, 300), st.integers(1, 12), st.integers(0, 2**31))
+@settings(max_examples=60, deadline=None)
+def test_accuracy_batch_sum_counts(n, c, seed):
+    "accuracy.batch_sum is the number of right answers: accuracy times the batch size, as an exact integer."
+    g = torch.Generator().manual_seed(seed)
+    out, targ = torch.randn(n, c, generator=g), torch.randint(0, c, (n,), generator=g)
+    count = accuracy.batch_sum(out, targ)
+    ft.test_eq(count.dtype, torch.int64)
+    ft.test_eq(int(count), sum(int(row.argmax()) == int(t) for row, t in zip(out, targ)))
+    ft.test_close(float(count) / n, float(accuracy(out, targ)), eps=1e-6)
+
+
 def test_accuracy_bad_input():
     out = torch.zeros(4, 3)
     with pytest.raises(ValueError, match=r'targ has 3 labels but out has 4 rows'): accuracy(out, torch.zeros(3, dtype=torch.long))
