@@ -1,5 +1,7 @@
 """Our log_softmax (exp.loss) against F.log_softmax, forward only, float32, at a minibatch shape (64, 10)
-and a large one (4096, 1000), timed in the same process. Target: ours within 1.5x of torch.
+and a large one (4096, 1000), timed in the same process. Target: ours within 1.5x of torch. Also ours under
+torch.compile (one fused kernel per shape); where compiling fails (no C compiler), the script says why and
+times eager only.
 
 Ours and torch's are timed in alternating blocks (the order flipping every round), so a slow spell of
 the machine hits both alike; each prints the median time per call over the rounds, and the ratio of
@@ -11,7 +13,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from exp.loss import log_softmax
+from exp.loss import log_softmax, try_compile
 
 ROUNDS = 31
 BLOCK_S = 0.02  # each timed block runs this long, so a block of the small shape holds ~1,000 calls
@@ -45,8 +47,17 @@ report('target_ratio', 1.5)
 for rows, cols in [(64, 10), (4096, 1000)]:
     x = torch.randn(rows, cols, generator=torch.Generator().manual_seed(0)) * 3
     torch.testing.assert_close(log_softmax(x), F.log_softmax(x, -1))  # timing something wrong is pointless
-    ours, theirs = median_per_call(lambda: log_softmax(x), lambda: F.log_softmax(x, -1))
     name = f'log_softmax_{rows}x{cols}'
+    compiled, why_not = try_compile(log_softmax, x, dynamic=False)
+    fns = [lambda: log_softmax(x), lambda: F.log_softmax(x, -1)]
+    if why_not is None:
+        torch.testing.assert_close(compiled(x), F.log_softmax(x, -1))
+        fns.append(lambda: compiled(x))
+    else: report(f'{name}_compiled', f'not available ({why_not})')
+    ours, theirs, *comp = median_per_call(*fns)
     report(f'{name}_ours_us', ours * 1e6, '.2f')
     report(f'{name}_torch_us', theirs * 1e6, '.2f')
     report(f'{name}_ratio', ours / theirs, '.2f')
+    if comp:
+        report(f'{name}_compiled_us', comp[0] * 1e6, '.2f')
+        report(f'{name}_compiled_ratio', comp[0] / theirs, '.2f')

@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['logsumexp', 'log_softmax', 'nll', 'cross_entropy', 'accuracy']
+__all__ = ['logsumexp', 'log_softmax', 'try_compile', 'nll', 'cross_entropy', 'accuracy']
 
 # %% ../nbs/02_cross_entropy.ipynb #cf266b07
 def _check_scores(x: Tensor, name: str, ndim: int | None = None) -> None:
@@ -63,6 +64,17 @@ def log_softmax(x: Tensor) -> Tensor:
         if torch.is_grad_enabled() and xc.requires_grad: out = (xc - m).sub_(lse)  # autograd keeps buf
         else: out = torch.sub(xc, m, out=buf).sub_(lse)  # nothing needs buf any more: reuse it
     return out if out.dtype == x.dtype else out.to(x.dtype)
+
+# %% ../nbs/02_cross_entropy.ipynb #e2b3c4d5
+def try_compile(fn: Callable, *example, **compile_kwargs) -> tuple[Callable, str | None]:
+    "`fn` under `torch.compile`, compiled now on `example`, and None; where compiling fails, `fn` itself and the reason."
+    try:
+        compiled = torch.compile(fn, **compile_kwargs)
+        compiled(*example)  # torch.compile is lazy: the first call compiles, and fails if it cannot
+        return compiled, None
+    except Exception as e:  # no C++ compiler or Python headers, an unsupported platform or Python version, ...
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ''
+        return fn, f"{type(e).__name__}: {first_line}"
 
 # %% ../nbs/02_cross_entropy.ipynb #b27d96f1
 def _check_labels(t: Tensor, name: str, scores: Tensor, scores_name: str) -> None:
