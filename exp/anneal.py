@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .callbacks import Callback
+from .callbacks import Callback, Runner
 
 # matplotlib's Axes and Figure, named for the type hints only: matplotlib is imported when a plot is drawn,
 # not with this module, because it costs 0.4 s and training does not need it
@@ -138,17 +138,29 @@ class ParamScheduler(Callback):
             if self.idx is not None and not (isinstance(value, (tuple, list)) and self.idx < len(value)):
                 raise ValueError(f"idx={self.idx} does not index {self.pname}={value!r} in parameter group {i}")
         self.funcs = self.sched_funcs * len(groups) if len(self.sched_funcs) == 1 else self.sched_funcs
+        self._values, self._values_epoch = {}, None
+
+    def _tabulate(self, run: Runner) -> None:
+        "The values at the positions this epoch's training batches will have, counted as TrainEvalCallback counts them."
+        n_epochs, iters = float(run.epoch), len(run.data.train_dl)
+        self._values, self._values_epoch = {}, run.epoch
+        for _ in range(iters):
+            pos = n_epochs / run.epochs
+            self._values[pos] = [f(pos) for f in self.funcs]
+            n_epochs += 1. / iters
 
     def set_param(self) -> None:
         "Write each group's schedule at `pos = n_epochs / epochs` into the group."
         run = self.run  # read directly at every batch: see "Making it fast"
         pos = run.n_epochs / run.epochs
-        for f, pg in zip(self.funcs, run.learn.opt.param_groups):
-            if self.idx is None: pg[self.pname] = f(pos)
+        if run.epoch != self._values_epoch: self._tabulate(run)
+        values = self._values.get(pos) or [f(pos) for f in self.funcs]  # a position not counted ahead: computed now
+        for value, pg in zip(values, run.learn.opt.param_groups):
+            if self.idx is None: pg[self.pname] = value
             else:
-                value = list(pg[self.pname])
-                value[self.idx] = f(pos)
-                pg[self.pname] = type(pg[self.pname])(value)
+                elements = list(pg[self.pname])
+                elements[self.idx] = value
+                pg[self.pname] = type(pg[self.pname])(elements)
 
     def begin_batch(self):
         if self.run.in_train: self.set_param()

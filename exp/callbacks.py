@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 import time
-from functools import partial
+from functools import cached_property, partial
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -74,16 +74,12 @@ class Learner:
         if not isinstance(model, nn.Module): raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if not lr > 0: raise ValueError(f"lr must be > 0, got {lr}")
         self.data, self.model, self.loss_func, self.opt_func, self.lr = data, model, loss_func, opt_func, lr
-        self.metrics, self.cbs, self._opt = listify(metrics), _make_cbs(cbs, cb_funcs), None
+        self.metrics, self.cbs = listify(metrics), _make_cbs(cbs, cb_funcs)
 
-    @property
+    @cached_property  # then a plain attribute (read at every batch: see "Making it fast"), which `learn.opt = ...` replaces
     def opt(self):
         "The optimizer: built from `opt_func(model.parameters(), lr=lr)` on first use."
-        if self._opt is None: self._opt = self.opt_func(self.model.parameters(), lr=self.lr)
-        return self._opt
-
-    @opt.setter
-    def opt(self, opt): self._opt = opt
+        return self.opt_func(self.model.parameters(), lr=self.lr)
 
     def find(self, cls: type | tuple[type, ...]) -> Callback | None:
         "The first of the learner's callbacks that is a `cls`, or None."
@@ -288,21 +284,22 @@ class Runner:
 
     def one_batch(self, xb, yb) -> None:
         "Forward, loss, and in training backward and step, with their events."
+        learn = self.learn  # its attributes, not the properties above: see "Making it fast"
         try:
             self.xb, self.yb = xb, yb
             self('begin_batch')
-            self.pred = self.model(self.xb)
+            self.pred = learn.model(self.xb)
             self('after_pred')
-            self.loss = self.loss_func(self.pred, self.yb)
+            self.loss = learn.loss_func(self.pred, self.yb)
             self('after_loss')
             if self.in_train:
                 self.loss.backward()
                 try:
                     self('after_backward')
-                    self.opt.step()
+                    learn.opt.step()
                     self('after_step')
                 except CancelStepException: self('after_cancel_step')
-                self.opt.zero_grad()
+                learn.opt.zero_grad()
         except CancelBatchException: self('after_cancel_batch')
         self('after_batch')
 
