@@ -61,3 +61,4 @@ for rows, cols in [(64, 10), (4096, 1000)]:
     if comp:
         report(f'{name}_compiled_us', comp[0] * 1e6, '.2f')
         report(f'{name}_compiled_ratio', comp[0] / theirs, '.2f')
+    torch.compiler.reset()

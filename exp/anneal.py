@@ -149,9 +149,10 @@ class ParamScheduler(Callback):
             self._values[pos] = [f(pos) for f in self.funcs]
             n_epochs += 1. / iters
 
-    def set_param(self) -> None:
-        "Write each group's schedule at `pos = n_epochs / epochs` into the group."
+    def begin_batch(self):
+        "In training, write each group's schedule at `pos = n_epochs / epochs` into the group."
         run = self.run  # read directly at every batch: see "Making it fast"
+        if not run.in_train: return
         pos = run.n_epochs / run.epochs
         if run.epoch != self._values_epoch: self._tabulate(run)
         values = self._values.get(pos) or [f(pos) for f in self.funcs]  # a position not counted ahead: computed now
@@ -161,9 +162,6 @@ class ParamScheduler(Callback):
                 elements = list(pg[self.pname])
                 elements[self.idx] = value
                 pg[self.pname] = type(pg[self.pname])(elements)
-
-    def begin_batch(self):
-        if self.run.in_train: self.set_param()
 
 # %% ../nbs/05_anneal.ipynb #6837db0e
 def annealer(f: Callable[[float, float, float], float]) -> Callable[[float, float], Callable[[float], float]]:

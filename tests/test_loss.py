@@ -329,6 +329,7 @@ def test_try_compile_log_softmax():
     fn, why_not = try_compile(log_softmax, x, dynamic=False)
     assert (fn is log_softmax) == (why_not is not None)
     torch.testing.assert_close(fn(x), F.log_softmax(x, -1))
+    torch.compiler.reset()
 
 
 @pytest.mark.slow
