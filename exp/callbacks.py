@@ -8,7 +8,7 @@ from __future__ import annotations
 import difflib
 import re
 import time
-from functools import cached_property, partial
+from functools import cache, cached_property, partial
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -142,12 +142,16 @@ class Callback:
 
 def check_events(cb: Callback) -> None:
     "Raise ValueError if `cb` has a method whose name looks like an event but is not one (a typo would be ignored)."
-    for name in dir(type(cb)):
-        if name.startswith('_') or name in EVENTS or not callable(getattr(type(cb), name, None)): continue
+    _check_event_names(type(cb))
+
+@cache  # once per class: the fuzzy matching costs about a millisecond per fit otherwise (a class that fails is not kept)
+def _check_event_names(cls: type) -> None:
+    for name in dir(cls):
+        if name.startswith('_') or name in EVENTS or not callable(getattr(cls, name, None)): continue
         near = difflib.get_close_matches(name, EVENTS, n=1, cutoff=0.8)
         if near or name.startswith(('begin_', 'after_')):
             hint = f"did you mean {near[0]!r}? " if near else ''
-            raise ValueError(f"{type(cb).__name__}.{name} looks like an event but is not one; {hint}"
+            raise ValueError(f"{cls.__name__}.{name} looks like an event but is not one; {hint}"
                              f"events are: {', '.join(EVENTS)}")
 
 # %% ../nbs/04_callbacks.ipynb #59723bfd
