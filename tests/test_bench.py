@@ -11,6 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'bench'))
 import fp16_gpu  # noqa: E402  (bench/ is not a package)
+from fastcore import test as ft  # noqa: E402  (fastcore.test.test_eq would be collected by pytest as a test)
 
 
 @pytest.mark.parametrize('sizes, bs', [([784, 32, 32, 10], 16), ([5, 7, 3], 4), ([784, 64, 64, 64, 10], 9)])
@@ -42,3 +43,80 @@ def test_fp16_gpu_dry_run_on_cpu():
         assert float(lines[f'{name}_step_ms']) > 0 and lines[f'{name}_of_fp16_peak'].endswith('%')
         assert 2.0 < float(lines[f'{name}_final_loss']) < 2.7  # ten classes, three steps: near log(10) = 2.30
     assert 'ours_fp16_compiled_step_vs_ours_fp16' in lines
+
+
+# ---------------------------------------------------------------- bench_overhead.py and peers.py
+
+@pytest.fixture(scope='module')
+def bench_overhead():
+    "bench/bench_overhead.py as a module (its data loaded); it sets torch to one thread on import, put back here."
+    threads = torch.get_num_threads()
+    import bench_overhead as module
+    torch.set_num_threads(threads)
+    return module
+
+
+def test_report_ratio(bench_overhead, capsys):
+    "The ratio is of the medians; the spread is over each round's own ratio; the overhead is per training batch."
+    bench_overhead.report_ratio('x', [1.10, 1.30, 1.02], [1.0, 1.2, 0.9], 1.05)
+    bench_overhead.report_ratio('y', [1.10, 1.30, 1.02], [1.0, 1.2, 0.9], 1.2)
+    lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines())
+    ft.test_eq(lines['x_epoch_s'], '1.1')
+    ft.test_eq(lines['x_ratio'], '1.100')
+    ft.test_eq(lines['x_ratio_spread'], '1.083-1.133')  # 1.30/1.2 and 1.02/0.9
+    ft.test_close(float(lines['x_overhead_us_per_batch']), 0.1 / bench_overhead.N_BATCHES * 1e6, eps=0.05)
+    ft.test_eq(lines['x_goal'], '<= 1.05 (missed)')
+    ft.test_eq(lines['y_goal'], '<= 1.2 (met)')
+
+
+def test_rounds_of_alternates(bench_overhead):
+    "Each contender runs once to warm up, then once a round, the order flipping every round."
+    calls = []
+    times = bench_overhead.rounds_of({'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}, 3)
+    ft.test_eq(calls, ['a', 'b', 'a', 'b', 'b', 'a', 'a', 'b'])
+    ft.test_eq({name: len(ts) for name, ts in times.items()}, {'a': 3, 'b': 3})
+
+
+@pytest.mark.slow
+def test_same_work_mlp(bench_overhead, capsys):
+    "fit_one_cycle and the hand loop end with the same weights and sums, to the last bit; one lr off at one batch is caught."
+    bench_overhead.same_work('mlp')
+    lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines())
+    ft.test_eq((lines['mlp_same_weights'], lines['mlp_same_stats']), ('True', 'True'))
+    schedule = list(bench_overhead.SCHEDULE['mlp'])
+    lr, mom = schedule[500]
+    schedule[500] = (lr * (1 + 1e-6), mom)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(bench_overhead.SCHEDULE, 'mlp', schedule)
+        with pytest.raises(SystemExit, match='did not do the same work'): bench_overhead.same_work('mlp')
+
+
+@pytest.mark.slow
+def test_same_work_cnn(bench_overhead, capsys):
+    "The same on the lesson's CNN, whose images come from a batch transform."
+    bench_overhead.same_work('cnn')
+    lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines())
+    ft.test_eq((lines['cnn_same_weights'], lines['cnn_same_stats']), ('True', 'True'))
+
+
+def _tiny_data():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(96, 784, generator=g), torch.randint(0, 10, (96,), generator=g), \
+        torch.randn(40, 784, generator=g), torch.randint(0, 10, (40,), generator=g)
+
+
+def test_peers_that_cannot_run_are_reported(monkeypatch):
+    "A peer that is not installed, or fails on its first run, is a reason (a string), not something to time."
+    import peers
+    monkeypatch.setitem(sys.modules, 'lightning', None)  # as if not installed: importing it raises ImportError
+    def broken(*args):
+        def run(): raise RuntimeError('operator torchvision::nms does not exist\n(the traceback)')
+        return run
+    monkeypatch.setattr(peers, 'fastai', broken)
+    out = peers.contenders(*_tiny_data(), 16, 0.1, (0.95, 0.85), 25., 0.3)
+    ft.test_eq(list(out), ['plain_pytorch', 'lightning', 'fastai'])
+    assert out['lightning'].startswith('skipped (ModuleNotFoundError: ') and 'lightning' in out['lightning']
+    ft.test_eq(out['fastai'], 'skipped (RuntimeError: operator torchvision::nms does not exist)')
+    sums = out['plain_pytorch']()  # summed losses and counts of right answers, training then validation
+    assert sums[0] > 0 and sums[2] > 0
+    assert 0 <= sums[1] <= 96 and 0 <= sums[3] <= 40 and sums[1] == sums[1].round() and sums[3] == sums[3].round()

@@ -322,6 +322,33 @@ def test_try_compile_falls_back_when_compiling_fails(monkeypatch):
     ft.test_eq(calls, [{'dynamic': False}])
 
 
+@pytest.mark.parametrize('error, why_not', [(RuntimeError('torch.compile is not supported on this Python'),
+                                              'RuntimeError: torch.compile is not supported on this Python'),
+                                             (NotImplementedError(), 'NotImplementedError: ')])
+def test_try_compile_falls_back_when_torch_compile_refuses(monkeypatch, error, why_not):
+    "Where torch.compile itself raises (before any call), the function comes back as it is, with the reason."
+    def refuse(fn, **kwargs): raise error
+    monkeypatch.setattr(torch, 'compile', refuse)
+    fn, reason = try_compile(log_softmax, torch.randn(4, 3))
+    assert fn is log_softmax
+    ft.test_eq(reason, why_not)
+
+
+def test_try_compile_returns_the_compiled_function(monkeypatch):
+    "Where compiling works, the compiled function comes back, already called once on the example, and no reason."
+    seen = []
+    def compile_ok(fn, **kwargs):
+        def compiled(*args):
+            seen.append(args)
+            return fn(*args)
+        return compiled
+    monkeypatch.setattr(torch, 'compile', compile_ok)
+    x = torch.randn(4, 3)
+    fn, why_not = try_compile(log_softmax, x)
+    assert why_not is None and fn is not log_softmax and len(seen) == 1 and seen[0][0] is x
+    torch.testing.assert_close(fn(x), F.log_softmax(x, -1))
+
+
 @pytest.mark.slow
 def test_try_compile_log_softmax():
     "Compiled (where this machine can), our log_softmax still equals F.log_softmax; else the reason is given."
