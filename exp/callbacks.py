@@ -59,7 +59,7 @@ class DataBunch:
         for g, s in zip(self._generators(), samplers):
             if isinstance(g, torch.Generator) and s is not None: g.set_state(s)
 
-def _make_cbs(cbs: Sequence[Callback] | None, cb_funcs: Sequence[Callable] | None) -> list[Callback]:
+def _make_cbs(cbs: Sequence['Callback'] | None, cb_funcs: Sequence[Callable] | None) -> list['Callback']:  # quoted: Callback is defined further down
     "The callbacks `cbs`, then one made by calling each of `cb_funcs` (a class, a partial)."
     funcs = listify(cb_funcs)
     for f in funcs:
@@ -70,7 +70,7 @@ class Learner:
     "The data, model, loss function and optimizer of a training run, and its metrics and callbacks."
     def __init__(self, data: DataBunch, model: nn.Module, loss_func: Callable = F.cross_entropy,
                  opt_func: Callable = SGD, lr: float = 0.1, metrics: Sequence[Callable] | None = None,
-                 cbs: Sequence[Callback] | None = None, cb_funcs: Sequence[Callable] | None = None):
+                 cbs: Sequence['Callback'] | None = None, cb_funcs: Sequence[Callable] | None = None):
         if not isinstance(model, nn.Module): raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if not lr > 0: raise ValueError(f"lr must be > 0, got {lr}")
         self.data, self.model, self.loss_func, self.opt_func, self.lr = data, model, loss_func, opt_func, lr

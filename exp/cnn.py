@@ -10,6 +10,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from .batchnorm import BatchNorm2d
 from .callbacks import Callback, DataBunch
 from .data import DownloadError, get_data, normalize
 from .minibatch import Dataset, get_dls
@@ -90,12 +91,12 @@ def CudaCallback() -> DeviceCallback:
 
 # %% ../nbs/08_cnn.ipynb #3e8941f2
 def conv_layer(ni: int, nf: int, ks: int = 3, stride: int = 2, bn: bool = False) -> nn.Sequential:
-    "Convolution `ni` -> `nf` channels (He init, padding ks//2, zero bias or none before batch norm), ReLU, optional BatchNorm."
+    "Convolution `ni` -> `nf` channels (He init, padding ks//2, zero bias or none before batch norm), ReLU, optional batch norm."
     conv = nn.Conv2d(ni, nf, ks, stride=stride, padding=ks // 2, bias=not bn)
-    nn.init.kaiming_normal_(conv.weight, nonlinearity='relu')  # fastai's init, not PyTorch's default: see below
+    nn.init.kaiming_normal_(conv.weight, nonlinearity='relu')  # fastai's init, not PyTorch's default (notebook 08a says why)
     if conv.bias is not None: nn.init.zeros_(conv.bias)
     layers = [conv, nn.ReLU()]
-    if bn: layers.append(nn.BatchNorm2d(nf))
+    if bn: layers.append(BatchNorm2d(nf))  # the series' own (notebook 08b), equal to nn.BatchNorm2d
     return nn.Sequential(*layers)
 
 def simple_cnn(actns: Sequence[int], kernel_szs: Sequence[int] | None = None, strides: Sequence[int] | None = None,

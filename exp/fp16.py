@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from .anneal import Recorder
+from .batchnorm import GroupNorm, LayerNorm
 from .callbacks import AvgStatsCallback, Callback, CancelStepException, Learner
 from .cnn import DeviceCallback
 from .early_stopping import LRFinder, opt_state
@@ -18,12 +19,14 @@ __all__ = ['model_to_half', 'get_master', 'to_master_grads', 'to_model_params', 
            'to_fp16', 'to_bf16']
 
 # %% ../nbs/09_fp16.ipynb #887a54dc
-_BN_TYPES = (nn.modules.batchnorm._BatchNorm,)
+# torch's batch norms and the series' own (which subclass _BatchNorm), and the series' LayerNorm and GroupNorm:
+# each normalises half inputs in fp32 with fp32 parameters
+_NORM_TYPES = (nn.modules.batchnorm._BatchNorm, LayerNorm, GroupNorm)
 
 def model_to_half(model: nn.Module, dtype: torch.dtype = torch.float16) -> nn.Module:
-    "Convert `model` to `dtype` in place, except batch norm layers, which stay fp32 (and are never rounded)."
+    "Convert `model` to `dtype` in place, except normalisation layers (batch norm, exp.batchnorm's), which stay fp32, never rounded."
     for module in model.modules():
-        if isinstance(module, _BN_TYPES): continue  # not even a round trip: fp32 -> fp16 -> fp32 would round them
+        if isinstance(module, _NORM_TYPES): continue  # not even a round trip: fp32 -> fp16 -> fp32 would round them
         for p in module.parameters(recurse=False): p.data = p.data.to(dtype)  # the same Parameter: the optimizer keeps it
         for name, buf in module.named_buffers(recurse=False):
             if buf.is_floating_point(): module._buffers[name] = buf.to(dtype)

@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
 from torch import nn
 
+from exp.batchnorm import BatchNorm2d
 from exp.callbacks import Callback, DataBunch, Learner, Runner, sort_callbacks
 from exp.cnn import (BatchTransformXCallback, CudaCallback, DeviceCallback, Lambda, conv_layer, default_device, flatten,
                      get_cnn_model, mnist_sample, simple_cnn, view_tfm)
@@ -97,7 +98,7 @@ def test_simple_cnn_matches_fastai_v1_layout():
     assert all(c.bias is not None for c in convs)
     ft.test_eq(model(torch.zeros(4, 1, 28, 28)).shape, (4, 2))
     bn = simple_cnn((1, 8, 8, 3), kernel_szs=[5, 3, 3], strides=[1, 2, 2], bn=True)
-    ft.test_eq(sum(isinstance(m, nn.BatchNorm2d) for m in bn.modules()), 2)  # not after the last layer
+    ft.test_eq(sum(isinstance(m, BatchNorm2d) for m in bn.modules()), 2)  # not after the last layer (ours, exp.batchnorm)
     ft.test_eq([c.bias is None for c in bn.modules() if isinstance(c, nn.Conv2d)], [True, True, False])
     ft.test_eq(bn(torch.zeros(2, 1, 28, 28)).shape, (2, 3))
     ft.test_eq(len(conv_layer(3, 4, bn=True)), 3)

@@ -1,10 +1,16 @@
 """The notebooks' exercise checks: each passes a reference solution, rejects wrong ones with a helpful message, and
 reports an exercise not yet answered without failing. The reference solutions live here, out of the learner's way."""
+import copy
+import math
+
 import pytest
 import torch
+from torch import nn
 
 from exp.backprop import (ExerciseError, check_leaky_relu_function, check_scale_backward, check_sigmoid_backward,
                           exercise, expect_close)
+from exp.batchnorm import check_fold_bn, check_instance_norm, check_running_var_after
+from exp.hooks import check_fan_in, check_he_std, check_zero_fraction
 from exp.optimizers import check_adam_first_step, check_ewma_after_three, check_rmsprop_step
 
 
@@ -39,7 +45,56 @@ def rmsprop_step(p, grad, square_avg, lr=0.01, alpha=0.99, eps=1e-8):
     p.addcdiv_(grad, square_avg.sqrt().add_(eps), value=-lr)
 
 
+def he_std(fan_in, leak): return math.sqrt(2 / ((1 + leak ** 2) * fan_in))
+
+
+def zero_fraction(hook, module, inp, out):
+    if not hasattr(hook, 'zeros'): hook.zeros = []
+    if module.training: hook.zeros.append((out == 0).float().mean())
+
+
+def fan_in(layer): return layer.weight[0].numel()  # one output's weights: in_channels / groups x kernel area
+
+
+def instance_norm(x, eps=1e-5):
+    mean, var = x.mean((2, 3), keepdim=True), x.var((2, 3), keepdim=True, unbiased=False)
+    return (x - mean) / (var + eps).sqrt()
+
+
+def fold_bn(conv, bn):
+    scale = bn.weight / (bn.running_var + bn.eps).sqrt()
+    folded = copy.deepcopy(conv)
+    with torch.no_grad():
+        folded.weight.mul_(scale.view(-1, 1, 1, 1))
+        folded.bias.copy_((conv.bias - bn.running_mean) * scale + bn.bias)
+    return folded
+
+
+def running_var_after(running_var, x, momentum): return (1 - momentum) * running_var + momentum * x.var((0, 2, 3))
+
+
 # ---------------------------------------------------------------- wrong ones, and what the checks say about them
+
+def zero_fraction_in_eval_too(hook, module, inp, out):
+    if not hasattr(hook, 'zeros'): hook.zeros = []
+    hook.zeros.append((out == 0).float().mean())
+
+
+def zero_fraction_of_negatives(hook, module, inp, out):  # looks at the input, not the output
+    if not hasattr(hook, 'zeros'): hook.zeros = []
+    if module.training: hook.zeros.append((inp[0] < 0).float().mean())
+
+
+def fold_bn_without_beta(conv, bn):
+    folded = fold_bn(conv, bn)
+    with torch.no_grad(): folded.bias.sub_(bn.bias)
+    return folded
+
+
+def fold_bn_scale_only(conv, bn):
+    folded = copy.deepcopy(conv)
+    with torch.no_grad(): folded.weight.mul_((bn.weight / (bn.running_var + bn.eps).sqrt()).view(-1, 1, 1, 1))
+    return folded
 
 class LeakyForgetsTheSlope(LeakyReluFunction):
     @staticmethod
@@ -101,6 +156,30 @@ CHECKS = [
         (-1e-5, "that is SGD's step"),
         (-0.0316, 'without bias correction'),
         (-0.02, 'debias both')]),
+    (check_he_std, he_std, [
+        (lambda fan_in, leak: math.sqrt(2 / fan_in), 'the std for a plain ReLU'),
+        (lambda fan_in, leak: math.sqrt(1 / fan_in), 'the layer multiplies the variance'),
+        (lambda fan_in, leak: 'sqrt(2/n)', 'should be a number')]),
+    (check_zero_fraction, zero_fraction, [
+        (zero_fraction_in_eval_too, 'record the training batches only'),
+        (zero_fraction_of_negatives, r'should be \[0.5, 1.0\]'),
+        (lambda hook, module, inp, out: None, 'a list hook.zeros')]),
+    (check_fan_in, fan_in, [
+        (lambda layer: layer.weight.shape[1] * layer.weight[0, 0].numel() * getattr(layer, 'groups', 1), "only its group's"),
+        (lambda layer: layer.weight.shape[1], 'times the kernel.s area')]),
+    (check_instance_norm, instance_norm, [
+        (lambda x, eps=1e-5: (x - x.mean((2, 3), keepdim=True)) / (x.var((2, 3), keepdim=True) + eps).sqrt(), 'biased variance'),
+        (lambda x, eps=1e-5: nn.functional.layer_norm(x, x.shape[1:], eps=eps), 'that is layer norm'),
+        (lambda x, eps=1e-5: x[:, :2], 'should have shape')]),
+    (check_fold_bn, fold_bn, [
+        (fold_bn_without_beta, "batch norm's own bias is missing"),
+        (fold_bn_scale_only, "the convolution's bias goes through batch norm too"),
+        (lambda conv, bn: copy.deepcopy(conv).requires_grad_(False), 'in eval, bn\\(y\\) = y \\* s \\+ t'),
+        (lambda conv, bn: nn.Sequential(conv, bn), 'should return an nn.Conv2d')]),
+    (check_running_var_after, running_var_after, [
+        (lambda rv, x, m: (1 - m) * rv + m * x.var((0, 2, 3), unbiased=False), 'the unbiased one'),
+        (lambda rv, x, m: m * rv + (1 - m) * x.var((0, 2, 3)), 'momentum is the weight of the new value'),
+        (lambda rv, x, m: x.var((0, 2, 3)), 'moves only part of the way')]),
 ]
 IDS = [check.__name__ for check, *_ in CHECKS]
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
 from torch import nn, optim
 
+from exp.batchnorm import BatchNorm1d, GroupNorm, LayerNorm
 from exp.callbacks import Callback, DataBunch, Learner, Runner
 from exp.data import set_seed
 from exp.early_stopping import LRFinder
@@ -34,8 +35,12 @@ def make_data(bs=32, n=640):
                      DataLoader(valid_ds, Sampler(valid_ds, bs * 2)), c=4)
 
 
-def bn_mlp():
-    return nn.Sequential(nn.Linear(20, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+# the batch norm tests run with torch's batch norm and with the series' own (exp.batchnorm)
+NORMS = pytest.mark.parametrize('norm', [nn.BatchNorm1d, BatchNorm1d], ids=['torch_bn', 'our_bn'])
+
+
+def bn_mlp(norm=nn.BatchNorm1d):
+    return nn.Sequential(nn.Linear(20, 16), norm(16), nn.ReLU(), nn.Linear(16, 4))
 
 
 class InjectInf(Callback):
@@ -212,8 +217,9 @@ def test_frozen_parameters_stay_put_without_flat_master():
     ft.test_eq(learn.model[0].weight.detach(), frozen)  # exactly: the masters were copied before rounding to fp16
 
 
-def test_pieces():
-    model = model_to_half(bn_mlp())
+@NORMS
+def test_pieces(norm):
+    model = model_to_half(bn_mlp(norm))
     ft.test_eq([p.dtype for p in model.parameters()], [torch.half] * 2 + [torch.float] * 2 + [torch.half] * 2)
     opt = SGD(model.parameters(), lr=0.1)
     model(torch.randn(8, 20).half()).float().sum().backward()
@@ -334,9 +340,9 @@ def test_recorded_loss_is_unscaled():
     assert max(losses) < 10, losses  # the cross entropy of 4 classes, not 65,536 times it
 
 
-def train_accuracy(convert, epochs=4, device='cpu'):
+def train_accuracy(convert, epochs=4, device='cpu', norm=nn.BatchNorm1d):
     set_seed(0)
-    learn = Learner(make_data(), bn_mlp(), lr=0.2, metrics=[accuracy])
+    learn = Learner(make_data(), bn_mlp(norm), lr=0.2, metrics=[accuracy])
     if convert: convert(learn)
     cbs = []
     if device != 'cpu':
@@ -347,12 +353,30 @@ def train_accuracy(convert, epochs=4, device='cpu'):
     return run.avg_stats.valid_stats.avg_stats[1]
 
 
-def test_fp16_and_bf16_reach_fp32_accuracy(capsys):
+@NORMS
+def test_fp16_and_bf16_reach_fp32_accuracy(norm, capsys):
     # seed 0, blobs, BN-MLP, lr 0.2, 4 epochs: fp32 reaches about 0.95; mixed precision within 2 points
-    acc32 = train_accuracy(None)
+    acc32 = train_accuracy(None, norm=norm)
     assert acc32 > 0.9
     for convert in (to_fp16, lambda learn: to_fp16(learn, flat_master=True), to_bf16):
-        assert abs(train_accuracy(convert) - acc32) <= 0.02
+        assert abs(train_accuracy(convert, norm=norm) - acc32) <= 0.02
+
+
+@pytest.mark.parametrize('norm', [nn.BatchNorm1d(16), BatchNorm1d(16), LayerNorm(16), GroupNorm(4, 16)],
+                         ids=['torch_bn', 'our_bn', 'our_ln', 'our_gn'])
+def test_model_to_half_keeps_norm_layers_in_fp32(norm):
+    set_seed(0)
+    model = nn.Sequential(nn.Linear(20, 16), norm, nn.ReLU(), nn.Linear(16, 4))
+    with torch.no_grad(): model[1].weight.uniform_(0.5, 1.5)
+    ref = [p.detach().clone() for p in model[1].parameters()]
+    x = torch.randn(32, 20)
+    want = model(x).detach()
+    model_to_half(model)
+    for p, r in zip(model[1].parameters(), ref): ft.test_eq(p.detach(), r)  # fp32, not even rounded
+    ft.test_eq({b.dtype for b in model[1].buffers() if b.is_floating_point()} or {torch.float32}, {torch.float32})
+    out = model(x.half())
+    ft.test_eq(out.dtype, torch.half)
+    ft.test_close(out.float(), want, eps=0.05)  # the half linear layers' rounding
 
 
 @cuda

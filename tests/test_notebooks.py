@@ -1,8 +1,13 @@
-"""Every notebook in nbs/ is a test: it runs alone, in a fresh process, top to bottom.
+"""Every notebook in nbs/ is a test, twice over.
 
-Cells flagged `#| slow` run with --slow; cells flagged `#| cuda` run where CUDA exists. Skipped
-cells are not skipped silently: each notebook with skipped cells gets an extra item that reports
-them as skipped.
+`test_notebook` runs it with nbdev's runner (what `nbdev_test` does), alone in a fresh process: cells flagged
+`#| slow` run with --slow, cells flagged `#| cuda` where CUDA exists. Skipped cells are not skipped silently:
+each notebook with skipped cells gets an extra item that reports them as skipped.
+
+`test_notebook_runs_in_plain_jupyter` (with --slow) runs it as a learner's Run All does, in a Jupyter kernel
+with `jupyter nbconvert --to notebook --execute` and no flag that skips or tolerates anything: every cell,
+slow and cuda ones included (on a machine without CUDA a cuda cell prints one line saying so), with the inline
+plot backend. It proves what nbdev's runner cannot: that the flags are not needed for Run All to get through.
 """
 import os
 import re
@@ -13,8 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tools.notebooks import notebooks
+
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted((ROOT / 'nbs').glob('[0-9][0-9]*_*.ipynb'))  # 02 < 02b < 03: '_' sorts before letters
+NOTEBOOKS = notebooks()
 FLAG_RE = re.compile(r'^\s*#\s*\|\s*(slow|cuda)\s*$', re.M)
 
 
@@ -55,3 +62,13 @@ def test_flagged_cells(skipped_cells):
     nb, flag, n = skipped_cells
     why = 'pass --slow to run them' if flag == 'slow' else 'no CUDA device here'
     pytest.skip(f'{nb.name}: {n} cell(s) flagged {flag} not run ({why})')
+
+
+@pytest.mark.slow
+def test_notebook_runs_in_plain_jupyter(notebook, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != 'MPLBACKEND'}  # Jupyter's own plot backend, as a learner has it
+    # --output-dir: the executed copy goes to a temporary folder, not next to the notebook
+    cmd = [sys.executable, '-m', 'jupyter', 'nbconvert', '--to', 'notebook', '--execute', '--output-dir', str(tmp_path), str(notebook)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=1800)
+    if proc.returncode != 0:
+        pytest.fail(f'{notebook.name} stops under Run All in plain Jupyter\n{proc.stderr[-5000:]}', pytrace=False)

@@ -1,0 +1,120 @@
+"""Our BatchNorm2d (exp.batchnorm) against torch's nn.BatchNorm2d: one training step of the layer, forward plus
+backward, float32, at the shapes batch norm sees in the series' CNNs. Target: ours within 2x of torch's at each.
+
+The shapes: simple_cnn((1, 16, 16, 2), bn=True) at bs 64 (the 3-vs-7 sample of notebooks 08-10), and the
+trainer's simple_cnn((1, 16, 32, 64, 10), bn=True) at bs 32 (`python -m exp.train --arch simple_cnn`). Then the
+whole of the first model, one training step with each batch norm. Ours and torch's are timed in alternating
+blocks of calls, so that a slow spell of the machine hits both alike; each line is the median over the rounds.
+
+Everything runs twice: with one torch thread, then with torch's default count (lines prefixed t1_ and tN_, N the
+count). Each block is timed by the wall clock (`_ratio`) and by the process's CPU time (`_cpu_ratio`). Ours
+runs about a dozen kernels per step where torch's runs two or three. On a machine shared with other work, the
+wall clock also counts the time the process waited for a core, and with several threads each kernel is a
+parallel region whose threads all wait for the last one at its end, so ours waits more often than torch's: there
+the one-thread CPU-time ratio is the one that measures the code.
+"""
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from common import report
+from exp.batchnorm import BatchNorm2d
+from exp.cnn import simple_cnn
+
+ROUNDS = 41
+CALLS = 10  # layer steps per timed block
+SHAPES = {'simple_cnn_bs64': [(64, 16, 14, 14), (64, 16, 7, 7)],
+          'train_simple_cnn_bs32': [(32, 16, 14, 14), (32, 32, 7, 7), (32, 64, 4, 4)]}
+
+
+def blocks(step, calls):
+    "`step` run `calls` times: one timed block."
+    def run():
+        for _ in range(calls): step()
+    return run
+
+
+def layer_step(bn, x, grad):
+    "One training step of the layer alone: forward in training mode, backward into the input and the parameters."
+    def step():
+        x.grad = bn.weight.grad = bn.bias.grad = None
+        bn(x).backward(grad)
+    return step
+
+
+def model_step(model, xb, yb):
+    "One forward and backward pass of the whole model."
+    def step():
+        model.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(xb), yb).backward()
+    return step
+
+
+def time_pair(ours, theirs, calls):
+    "Median (wall, CPU) seconds per call of each step function, timed in blocks that alternate which goes first."
+    fns = [blocks(ours, calls), blocks(theirs, calls)]
+    for fn in fns: fn(); fn()  # warm-up
+    wall, cpu = [[], []], [[], []]
+    for r in range(ROUNDS):
+        for i in ((0, 1) if r % 2 == 0 else (1, 0)):
+            w, c = time.perf_counter(), time.process_time()
+            fns[i]()
+            wall[i].append(time.perf_counter() - w)
+            cpu[i].append(time.process_time() - c)
+    return [[statistics.median(ts) / calls for ts in clock] for clock in (wall, cpu)]
+
+
+def report_pair(name, times, unit, scale):
+    "The wall-clock times and ratio, and the CPU-time ratio, of one comparison (`time_pair`'s result)."
+    (w_ours, w_theirs), (c_ours, c_theirs) = times
+    report(f'{name}_ours_{unit}', w_ours * scale, '.1f')
+    report(f'{name}_torch_{unit}', w_theirs * scale, '.1f')
+    report(f'{name}_ratio', w_ours / w_theirs, '.2f')
+    report(f'{name}_cpu_ratio', c_ours / c_theirs, '.2f')
+    return w_ours / w_theirs, c_ours / c_theirs
+
+
+def layers(prefix):
+    worst = worst_cpu = 0.
+    for model_name, shapes in SHAPES.items():
+        for shape in shapes:
+            g = torch.Generator().manual_seed(0)
+            x = torch.randn(shape, generator=g).relu().requires_grad_()  # batch norm follows a ReLU in these models
+            grad = torch.randn(shape, generator=g)
+            ours, theirs = BatchNorm2d(shape[1]), nn.BatchNorm2d(shape[1])
+            steps = [layer_step(ours, x, grad), layer_step(theirs, x, grad)]
+            grads = []
+            for step, bn in zip(steps, (ours, theirs)):
+                step()
+                grads.append((x.grad.clone(), bn.weight.grad.clone(), bn.running_var.clone()))
+            for a, b in zip(*grads): torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)  # timing something wrong is pointless
+            ratio, cpu_ratio = report_pair(f"{prefix}{model_name}_{'x'.join(map(str, shape))}", time_pair(*steps, CALLS), 'us', 1e6)
+            worst, worst_cpu = max(worst, ratio), max(worst_cpu, cpu_ratio)
+    report(f'{prefix}worst_layer_ratio', worst, '.2f')
+    report(f'{prefix}worst_layer_cpu_ratio', worst_cpu, '.2f')
+
+
+def whole_model(prefix):
+    torch.manual_seed(0)
+    ours = simple_cnn((1, 16, 16, 2), bn=True)
+    theirs = simple_cnn((1, 16, 16, 2), bn=True)
+    for block in theirs:  # the same net with torch's batch norm in place of ours
+        if not isinstance(block, nn.Sequential): continue
+        for i, m in enumerate(block):
+            if isinstance(m, BatchNorm2d): block[i] = nn.BatchNorm2d(m.num_features)
+    theirs.load_state_dict(ours.state_dict())
+    assert sum(type(m) is nn.BatchNorm2d for m in theirs.modules()) == 2
+    g = torch.Generator().manual_seed(1)
+    xb, yb = torch.randn(64, 1, 28, 28, generator=g), torch.randint(0, 2, (64,), generator=g)
+    report_pair(f'{prefix}simple_cnn_bs64_step', time_pair(model_step(ours, xb, yb), model_step(theirs, xb, yb), 3), 'ms', 1e3)
+
+
+report('target_ratio', 2.0)
+default_threads = torch.get_num_threads()
+for threads in sorted({1, default_threads}):
+    torch.set_num_threads(threads)
+    report('torch_threads', threads)
+    layers(f't{threads}_')
+    whole_model(f't{threads}_')

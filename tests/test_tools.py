@@ -1,0 +1,73 @@
+"""The notebook tools: the course order, the source fingerprint, and the outputs refresh on small notebooks."""
+import json
+import tempfile
+
+import nbformat
+import pytest
+from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
+
+from tools import outputs
+from tools.notebooks import SOURCE_KEY, notebook_key, notebooks, source_hash
+
+
+def test_notebooks_in_course_order(tmp_path):
+    names = ['10_learner.ipynb', '03_minibatch.ipynb', '02b_backprop.ipynb', '02_cross_entropy.ipynb',
+             '08a_hooks.ipynb', '08_cnn.ipynb', 'index.ipynb', '2_short.ipynb', '02B_upper.ipynb', '02_notes.md']
+    for name in names: (tmp_path / name).write_text('{}')
+    ft.test_eq([p.name for p in notebooks(tmp_path)], ['02_cross_entropy.ipynb', '02b_backprop.ipynb', '03_minibatch.ipynb',
+                                                    '08_cnn.ipynb', '08a_hooks.ipynb', '10_learner.ipynb'])
+    ft.test_fail(lambda: notebook_key(tmp_path / 'index.ipynb'), contains="'index.ipynb' is not a course notebook name")
+
+
+def test_every_notebook_in_nbs_is_found():
+    found = {p.name for p in notebooks()}
+    assert found and found == {p.name for p in (outputs.NBS).glob('[0-9][0-9]*_*.ipynb')}
+
+
+def test_source_hash():
+    ft.test_eq(source_hash('x = 1\nx'), source_hash(['x = 1\n', 'x']))
+    assert source_hash('x = 1') != source_hash('x = 2') and len(source_hash('')) == 16
+
+
+def test_scrub_text(monkeypatch):
+    monkeypatch.setenv('EXP_DATA', '/somewhere/cache')
+    subs = outputs.path_replacements()
+    tmp = tempfile.gettempdir()
+    text = (f"<exp.callbacks.Runner at 0x7fcba8e03f50> checkpoint {tmp}/tmpgts9_b54/resume.pth, "
+            f"cache /somewhere/cache/mnist, code {outputs.ROOT}/nbs, magic 0x01000803")
+    ft.test_eq(outputs.scrub_text(text, subs),
+            '<exp.callbacks.Runner> checkpoint <tmp>/resume.pth, cache $EXP_DATA/mnist, code <repo>/nbs, magic 0x01000803')
+
+
+def _notebook(path, *sources):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    nb.metadata.kernelspec = {'display_name': 'python3', 'language': 'python', 'name': 'python3'}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_refresh_writes_scrubbed_outputs_and_fingerprints(tmp_path):
+    nb = _notebook(tmp_path / '01_demo.ipynb', 'import os, tempfile\nprint(tempfile.mkdtemp())',
+                   "import sys, time\nprint(os.environ['PYTHONHASHSEED'], os.environ['CUDA_VISIBLE_DEVICES'] == '')\n"
+                   "sys.stdout.flush(); time.sleep(0.5)\nprint('more')",  # two messages: one output, as Jupyter shows them
+                   'import matplotlib.pyplot as plt\nplt.plot([1, 2, 3]);')
+    assert outputs.refresh(nb, outputs.path_replacements())
+    cells = json.loads(nb.read_text())['cells']
+    ft.test_eq([c['metadata'][SOURCE_KEY] for c in cells], [source_hash(c['source']) for c in cells])
+    ft.test_eq(cells[0]['outputs'][0]['text'], ['<tmp>\n'])
+    ft.test_eq(cells[1]['outputs'], [{'name': 'stdout', 'output_type': 'stream', 'text': ['0 True\n', 'more\n']}])
+    assert 'image/png' in cells[2]['outputs'][0]['data'], 'the plot is not in the outputs'
+
+
+def test_refresh_leaves_a_failing_notebook_unchanged(tmp_path, capsys):
+    nb = _notebook(tmp_path / '01_demo.ipynb', 'x = 1', "raise ValueError('broken on purpose')")
+    before = nb.read_bytes()
+    assert not outputs.refresh(nb, outputs.path_replacements())
+    ft.test_eq(nb.read_bytes(), before)
+    assert 'broken on purpose' in capsys.readouterr().err
+
+
+def test_resolve_names_notebooks():
+    first = notebooks()[0]
+    ft.test_eq(outputs.resolve([first.stem, first.name, str(first)]), [first] * 3)
+    with pytest.raises(SystemExit, match="no notebook 'nope'"): outputs.resolve(['nope'])
