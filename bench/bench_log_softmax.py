@@ -5,8 +5,12 @@ times eager only.
 
 Ours and torch's are timed in alternating blocks (the order flipping every round), so a slow spell of
 the machine hits both alike; each prints the median time per call over the rounds, and the ratio of
-the medians.
+the medians. `--threads N` sets torch's thread count (default: torch's own, one per core); on a shared machine
+one thread keeps the other users' load from stretching the multi-threaded kernels' synchronisation.
+
+    python bench/bench_log_softmax.py [--threads 1]
 """
+import argparse
 import statistics
 import time
 
@@ -42,6 +46,12 @@ def median_per_call(*fns) -> list:
     return [statistics.median(ts) for ts in times]
 
 
+ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+ap.add_argument('--threads', type=int, default=None, help="torch's thread count (default: torch's own)")
+args = ap.parse_args()
+if args.threads is not None:
+    if args.threads < 1: ap.error(f'--threads must be >= 1, got {args.threads}')
+    torch.set_num_threads(args.threads)
 report('torch_threads', torch.get_num_threads())
 report('target_ratio', 1.5)
 for rows, cols in [(64, 10), (4096, 1000)]:

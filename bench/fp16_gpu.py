@@ -174,7 +174,11 @@ def main():
     results = {}
     for name, (setup, tf32, compiled) in contenders.items():
         if args.only and name not in args.only: continue
-        results[name] = r = contender(setup, tf32, compiled)
+        try: results[name] = r = contender(setup, tf32, compiled)
+        except Exception as e:  # torch.compile without its backend (Triton, a C++ compiler): the others still run
+            if not compiled: raise
+            report(name, f"not available ({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]})")
+            continue
         tflops = flops / (r['step_ms'] / 1e3) / 1e12
         report(f'{name}_samples_per_s', f"{r['samples_s']:.0f}")
         report(f'{name}_step_ms', f"{r['step_ms']:.2f}")

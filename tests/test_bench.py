@@ -45,6 +45,18 @@ def test_fp16_gpu_dry_run_on_cpu():
     assert 'ours_fp16_compiled_step_vs_ours_fp16' in lines
 
 
+def test_fp16_gpu_goes_on_where_compiling_fails(monkeypatch, capsys):
+    "Where torch.compile cannot run (no Triton on the GPU, no C++ compiler), the compiled run says why; the others run."
+    for name in ('WIDTH', 'DEPTH', 'BS', 'STEPS', 'WARMUP', 'dev'): monkeypatch.setattr(fp16_gpu, name, getattr(fp16_gpu, name))
+    def no_backend(model, **kwargs): raise RuntimeError('Cannot find a working triton installation\n(more)')
+    monkeypatch.setattr(torch, 'compile', no_backend)
+    monkeypatch.setattr(sys, 'argv', ['fp16_gpu.py', '--dry-run', '--only', 'fp32', 'ours_fp16_compiled'])
+    fp16_gpu.main()
+    lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines() if ': ' in line)
+    ft.test_eq(lines['ours_fp16_compiled'], 'not available (RuntimeError: Cannot find a working triton installation)')
+    assert float(lines['fp32_step_ms']) > 0 and 'ours_fp16_compiled_step_ms' not in lines
+
+
 # ---------------------------------------------------------------- bench_overhead.py and peers.py
 
 @pytest.fixture(scope='module')
