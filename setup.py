@@ -22,6 +22,7 @@ py_versions = '3.10 3.11 3.12 3.13'.split()
 requirements = shlex.split(cfg.get('requirements', ''))
 dev_requirements = shlex.split(cfg.get('dev_requirements', ''))
 docs_requirements = shlex.split(cfg.get('docs_requirements', ''))
+peers_requirements = shlex.split(cfg.get('peers_requirements', ''))
 lic = licenses.get(cfg['license'].lower(), (cfg['license'], None))
 min_python = cfg['min_python']
 console_scripts = cfg.get('console_scripts', '').split()
@@ -39,7 +40,7 @@ setuptools.setup(
     include_package_data=True,
     package_data={cfg['lib_name']: ['mnist5k/*.gz']},  # the embedded digits: in the wheel and the sdist
     install_requires=requirements,
-    extras_require={'dev': dev_requirements, 'docs': docs_requirements},
+    extras_require={'dev': dev_requirements, 'docs': docs_requirements, 'peers': peers_requirements},
     python_requires='>=' + cfg['min_python'],
     long_description=open('README.md', encoding='utf-8').read(),
     long_description_content_type='text/markdown',

@@ -1,7 +1,13 @@
 """Mixed precision on a GPU: the same MLP trained by the same Runner in fp32 (TF32 off), TF32, our
-MixedPrecision (fp16, and bf16) and torch.amp (autocast + GradScaler for fp16; autocast for bf16).
-Prints samples/s, the ratios, peak memory and the final loss of each. Goals: ours at least 2x fp32,
-and within 1.15x of torch.amp's step time. Needs CUDA; takes about a minute on one H200."""
+MixedPrecision (fp16, and bf16), ours in fp16 with the model under torch.compile, and torch.amp (autocast +
+GradScaler for fp16; autocast for bf16). Prints samples/s, the ratios, peak memory and the final loss of each,
+and the matrix multiplications' achieved TFLOP/s with their fraction of the H200's dense fp16 peak (989
+TFLOP/s; `--peak-tflops` for another GPU). Goals: ours at least 2x fp32, and within 1.15x of torch.amp's step
+time. Needs CUDA; takes about a minute on one H200 (the compiled run adds its compilation, untimed).
+
+`--dry-run` runs every contender on the CPU with a tiny model and batch (fp16 and the compiled run included),
+to check the script itself on a machine without a GPU: its figures mean nothing."""
+import argparse
 import sys
 import time
 
@@ -14,9 +20,8 @@ from exp.fp16 import to_bf16, to_fp16
 from exp.minibatch import DataLoader, Dataset, Sampler
 from exp.optimizers import SGD
 
-if not torch.cuda.is_available(): sys.exit('bench/fp16_gpu.py needs a CUDA device')
-
 WIDTH, DEPTH, BS, STEPS, WARMUP = 8192, 3, 4096, 30, 5
+H200_FP16_DENSE_TFLOPS = 989.  # NVIDIA's figure for H100/H200 SXM tensor cores, fp16/bf16, without sparsity
 dev = torch.device('cuda')
 
 
@@ -34,13 +39,25 @@ def make_data(steps):
                      DataLoader(valid_ds, Sampler(valid_ds, BS)), c=10)
 
 
+def layer_sizes() -> list:
+    "The widths of the MLP's layers, input to output."
+    return [784] + [WIDTH] * DEPTH + [10]
+
+
 def make_model():
     torch.manual_seed(0)
-    layers, n_in = [], 784
-    for _ in range(DEPTH):
-        layers += [nn.Linear(n_in, WIDTH), nn.BatchNorm1d(WIDTH), nn.ReLU()]
-        n_in = WIDTH
-    return nn.Sequential(*layers, nn.Linear(n_in, 10)).to(dev)
+    layers, sizes = [], layer_sizes()
+    for n_in, n_out in zip(sizes[:-2], sizes[1:-1]):
+        layers += [nn.Linear(n_in, n_out), nn.BatchNorm1d(n_out), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(sizes[-2], sizes[-1])).to(dev)
+
+
+def matmul_flops_per_step(sizes: list, bs: int) -> int:
+    """Floating-point operations of the linear layers' matrix products in one training step of an MLP with
+    layer widths `sizes` at batch size `bs`: 2*bs*n_in*n_out for the forward product, as much for the weight
+    gradient, and as much for the input gradient, which the first layer does not need (its input has none).
+    Batch norm, ReLU, the loss and the optimizer are left out: elementwise, they are a fraction of a percent."""
+    return sum(2 * bs * n_in * n_out * (2 if i == 0 else 3) for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])))
 
 
 class _ScaledOptimizer:
@@ -59,12 +76,12 @@ class TorchAmp(Callback):
     def __init__(self, dtype): self.dtype = dtype
 
     def begin_fit(self):
-        self.scaler = torch.amp.GradScaler('cuda', enabled=self.dtype == torch.float16)
+        self.scaler = torch.amp.GradScaler(dev.type, enabled=self.dtype == torch.float16)
         self.plain_opt = self.learn.opt
         self.learn.opt = _ScaledOptimizer(self.plain_opt, self.scaler)
 
     def begin_batch(self):
-        self.autocast = torch.autocast('cuda', dtype=self.dtype)
+        self.autocast = torch.autocast(dev.type, dtype=self.dtype)
         self.autocast.__enter__()
 
     def after_loss(self):
@@ -78,6 +95,10 @@ class TorchAmp(Callback):
     def after_fit(self): self.learn.opt = self.plain_opt
 
 
+def synchronize():
+    if dev.type == 'cuda': torch.cuda.synchronize()
+
+
 class Timer(Callback):
     "Wall time of the training batches (synchronised), and the last training loss."
     _order = 200
@@ -85,29 +106,33 @@ class Timer(Callback):
     def begin_fit(self): self.train_time, self.loss_value = 0., float('nan')
 
     def begin_epoch(self):
-        torch.cuda.synchronize()
+        synchronize()
         self.t0 = time.perf_counter()
 
     def begin_validate(self):
-        torch.cuda.synchronize()
+        synchronize()
         self.train_time += time.perf_counter() - self.t0
         self.loss_value = self.loss.float().item()
 
 
-def contender(setup, tf32=False):
+def contender(setup, tf32=False, compiled=False):
+    "Train with the callbacks `setup(learn)` adds, after a warm-up fit (which also compiles, for `compiled`); the figures."
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
-    learn = Learner(make_data(STEPS), make_model(), F.cross_entropy, lr=0.01,
+    model = make_model()
+    learn = Learner(make_data(STEPS), model, F.cross_entropy, lr=0.01,
                     opt_func=lambda ps, lr: SGD(ps, lr=lr, momentum=0.9))
     extra = setup(learn)
+    if compiled: learn.model = torch.compile(model)  # the same parameters: the optimizer and the masters see them
     warm = Learner(make_data(WARMUP), learn.model, F.cross_entropy)
     warm.opt, warm.cbs = learn.opt, learn.cbs
-    Runner(cbs=extra).fit(1, warm)  # kernels chosen, memory pools warm
-    torch.cuda.reset_peak_memory_stats()
+    Runner(cbs=extra).fit(1, warm)  # kernels chosen (compiled), memory pools warm
+    if dev.type == 'cuda': torch.cuda.reset_peak_memory_stats()
     timer = Timer()
     Runner(cbs=[*extra, timer]).fit(1, learn)
     step = timer.train_time / STEPS
-    return dict(step_ms=step * 1e3, samples_s=BS / step, peak_gib=torch.cuda.max_memory_allocated() / 2**30,
-                loss=timer.loss_value, dtypes={p.dtype for p in learn.model.parameters()})
+    peak = torch.cuda.max_memory_allocated() / 2**30 if dev.type == 'cuda' else float('nan')
+    return dict(step_ms=step * 1e3, samples_s=BS / step, peak_gib=peak, loss=timer.loss_value,
+                dtypes={p.dtype for p in model.parameters()})
 
 
 def ours(convert, **kwargs):
@@ -118,27 +143,60 @@ def ours(convert, **kwargs):
     return setup
 
 
-contenders = {
-    'fp32': (lambda learn: [], False),
-    'tf32': (lambda learn: [], True),
-    'ours_fp16': (ours(to_fp16), False),
-    'ours_fp16_flat': (ours(to_fp16, flat_master=True), False),
-    'ours_bf16': (ours(to_bf16), False),
-    'amp_fp16': (lambda learn: [TorchAmp(torch.float16)], False),
-    'amp_bf16': (lambda learn: [TorchAmp(torch.bfloat16)], False),
+contenders = {  # name: (setup, tf32, compiled)
+    'fp32': (lambda learn: [], False, False),
+    'tf32': (lambda learn: [], True, False),
+    'ours_fp16': (ours(to_fp16), False, False),
+    'ours_fp16_flat': (ours(to_fp16, flat_master=True), False, False),
+    'ours_bf16': (ours(to_bf16), False, False),
+    'ours_fp16_compiled': (ours(to_fp16), False, True),
+    'amp_fp16': (lambda learn: [TorchAmp(torch.float16)], False, False),
+    'amp_bf16': (lambda learn: [TorchAmp(torch.bfloat16)], False, False),
 }
-report('device', torch.cuda.get_device_name())
-report('torch', torch.__version__)
-report('model', f'MLP 784-{WIDTH}x{DEPTH}-10 with BatchNorm, bs {BS}, SGD momentum 0.9, {STEPS} timed steps')
-results = {}
-for name, (setup, tf32) in contenders.items():
-    results[name] = r = contender(setup, tf32)
-    report(f'{name}_samples_per_s', f"{r['samples_s']:.0f}")
-    report(f'{name}_step_ms', f"{r['step_ms']:.2f}")
-    report(f'{name}_peak_mem_gib', f"{r['peak_gib']:.2f}")
-    report(f'{name}_final_loss', f"{r['loss']:.4f}")
-    assert r['dtypes'] == {torch.float32}, f'{name}: the model is not fp32 after fit'
-for ours, amp in (('ours_fp16', 'amp_fp16'), ('ours_fp16_flat', 'amp_fp16'), ('ours_bf16', 'amp_bf16')):
-    report(f'{ours}_speedup_vs_fp32', f"{results['fp32']['step_ms'] / results[ours]['step_ms']:.2f}")
-    report(f'{ours}_step_vs_{amp}', f"{results[ours]['step_ms'] / results[amp]['step_ms']:.3f}")
-report('tf32_speedup_vs_fp32', f"{results['fp32']['step_ms'] / results['tf32']['step_ms']:.2f}")
+
+
+def main():
+    global WIDTH, DEPTH, BS, STEPS, WARMUP, dev
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--dry-run', action='store_true', help='a tiny run of every contender on the CPU, to check the script')
+    ap.add_argument('--peak-tflops', type=float, default=H200_FP16_DENSE_TFLOPS,
+                    help="the GPU's dense fp16 tensor-core peak (default: the H200's, 989)")
+    ap.add_argument('--only', nargs='*', choices=list(contenders), help='run only these contenders')
+    args = ap.parse_args()
+    if args.dry_run: WIDTH, DEPTH, BS, STEPS, WARMUP, dev = 32, 2, 16, 3, 2, torch.device('cpu')
+    elif not torch.cuda.is_available(): sys.exit('bench/fp16_gpu.py needs a CUDA device (--dry-run checks the script on the CPU)')
+    flops = matmul_flops_per_step(layer_sizes(), BS)
+    report('device', torch.cuda.get_device_name() if dev.type == 'cuda' else 'cpu (dry run: the figures mean nothing)')
+    report('torch', torch.__version__)
+    report('model', f'MLP 784-{WIDTH}x{DEPTH}-10 with BatchNorm, bs {BS}, SGD momentum 0.9, {STEPS} timed steps')
+    report('matmul_tflop_per_step', f'{flops / 1e12:.4g}')
+    report('peak_tflops', f'{args.peak_tflops:g} (dense fp16; TF32 and fp32 have lower peaks)')
+    results = {}
+    for name, (setup, tf32, compiled) in contenders.items():
+        if args.only and name not in args.only: continue
+        try: results[name] = r = contender(setup, tf32, compiled)
+        except Exception as e:  # torch.compile without its backend (Triton, a C++ compiler): the others still run
+            if not compiled: raise
+            report(name, f"not available ({type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]})")
+            continue
+        tflops = flops / (r['step_ms'] / 1e3) / 1e12
+        report(f'{name}_samples_per_s', f"{r['samples_s']:.0f}")
+        report(f'{name}_step_ms', f"{r['step_ms']:.2f}")
+        report(f'{name}_tflops', f'{tflops:.1f}')
+        report(f'{name}_of_fp16_peak', f'{tflops / args.peak_tflops:.1%}')
+        report(f'{name}_peak_mem_gib', f"{r['peak_gib']:.2f}")
+        report(f'{name}_final_loss', f"{r['loss']:.4f}")
+        assert r['dtypes'] == {torch.float32}, f'{name}: the model is not fp32 after fit'
+    def ratio(label, a, b):
+        if a in results and b in results: report(label, f"{results[a]['step_ms'] / results[b]['step_ms']:.3f}")
+    for ours_name, amp in (('ours_fp16', 'amp_fp16'), ('ours_fp16_flat', 'amp_fp16'), ('ours_bf16', 'amp_bf16')):
+        if ours_name in results and 'fp32' in results:
+            report(f'{ours_name}_speedup_vs_fp32', f"{results['fp32']['step_ms'] / results[ours_name]['step_ms']:.2f}")
+        ratio(f'{ours_name}_step_vs_{amp}', ours_name, amp)
+    ratio('ours_fp16_compiled_step_vs_ours_fp16', 'ours_fp16_compiled', 'ours_fp16')
+    if 'tf32' in results and 'fp32' in results:
+        report('tf32_speedup_vs_fp32', f"{results['fp32']['step_ms'] / results['tf32']['step_ms']:.2f}")
+
+
+if __name__ == '__main__':
+    main()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check of the project, in one run on a CUDA machine: the CUDA unit tests, notebooks 08, 09 and 12
-# with their `#| cuda` cells, the mixed-precision benchmark, and the trainer with --fp16 auto, alone and
-# under torchrun (NCCL). Writes logs to $OUT (default runs/gpu).
+# with their `#| cuda` cells, the mixed-precision benchmark (with TFLOP/s, and its torch.compile run), and the
+# trainer with --fp16 auto, alone and under torchrun (NCCL). Writes logs to $OUT (default runs/gpu).
 # A machine without this project's dependencies can get them as wheels in .whl/ (see README).
 set -uo pipefail
 cd "$(dirname "$0")/.."

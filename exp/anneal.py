@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .callbacks import Callback
+from .callbacks import Callback, Runner
 
 # matplotlib's Axes and Figure, named for the type hints only: matplotlib is imported when a plot is drawn,
 # not with this module, because it costs 0.4 s and training does not need it
@@ -54,9 +54,10 @@ class Recorder(Callback):
         self.losses: list[torch.Tensor] = []
 
     def after_loss(self):
-        if not self.in_train: return
-        for lrs, pg in zip(self.lrs, self.opt.param_groups): lrs.append(pg['lr'])
-        self.losses.append(self.loss.detach())
+        run = self.run  # read directly at every batch: see "Making it fast"
+        if not run.in_train: return
+        for lrs, pg in zip(self.lrs, run.learn.opt.param_groups): lrs.append(pg['lr'])
+        self.losses.append(run.loss.detach())
 
     def state_dict(self) -> dict:
         "What it recorded, for a checkpoint: the lrs of each group (float64) and the losses (fp32), as tensors on the CPU."
@@ -137,19 +138,30 @@ class ParamScheduler(Callback):
             if self.idx is not None and not (isinstance(value, (tuple, list)) and self.idx < len(value)):
                 raise ValueError(f"idx={self.idx} does not index {self.pname}={value!r} in parameter group {i}")
         self.funcs = self.sched_funcs * len(groups) if len(self.sched_funcs) == 1 else self.sched_funcs
+        self._values, self._values_epoch = {}, None
 
-    def set_param(self) -> None:
-        "Write each group's schedule at `pos = n_epochs / epochs` into the group."
-        pos = self.n_epochs / self.epochs
-        for f, pg in zip(self.funcs, self.opt.param_groups):
-            if self.idx is None: pg[self.pname] = f(pos)
-            else:
-                value = list(pg[self.pname])
-                value[self.idx] = f(pos)
-                pg[self.pname] = type(pg[self.pname])(value)
+    def _tabulate(self, run: Runner) -> None:
+        "The values at the positions this epoch's training batches will have, counted as TrainEvalCallback counts them."
+        n_epochs, iters = float(run.epoch), len(run.data.train_dl)
+        self._values, self._values_epoch = {}, run.epoch
+        for _ in range(iters):
+            pos = n_epochs / run.epochs
+            self._values[pos] = [f(pos) for f in self.funcs]
+            n_epochs += 1. / iters
 
     def begin_batch(self):
-        if self.in_train: self.set_param()
+        "In training, write each group's schedule at `pos = n_epochs / epochs` into the group."
+        run = self.run  # read directly at every batch: see "Making it fast"
+        if not run.in_train: return
+        pos = run.n_epochs / run.epochs
+        if run.epoch != self._values_epoch: self._tabulate(run)
+        values = self._values.get(pos) or [f(pos) for f in self.funcs]  # a position not counted ahead: computed now
+        for value, pg in zip(values, run.learn.opt.param_groups):
+            if self.idx is None: pg[self.pname] = value
+            else:
+                elements = list(pg[self.pname])
+                elements[self.idx] = value
+                pg[self.pname] = type(pg[self.pname])(elements)
 
 # %% ../nbs/05_anneal.ipynb #6837db0e
 def annealer(f: Callable[[float, float, float], float]) -> Callable[[float, float], Callable[[float], float]]:
@@ -199,18 +211,18 @@ def combine_scheds(pcts: Sequence[float], scheds: Sequence[Callable[[float], flo
         raise ValueError(f"pcts must sum to 1 (within 1e-6), got {pcts} summing to {sum(pcts)!r}")
     for s in scheds:
         if not callable(s): raise TypeError(f"scheds must be callables pos -> value, got {s!r}")
-    phases = [(p, s) for p, s in zip(pcts, scheds) if p > 0]
+    kept = [(p, s) for p, s in zip(pcts, scheds) if p > 0]
     starts, total = [], 0.
-    for p, _ in phases:
+    for p, _ in kept:
         starts.append(total)
         total += p
     ends = starts[1:] + [1.]  # the last phase ends at exactly 1, whatever the rounding of the sum
-    funcs = [s for _, s in phases]
+    phases = [(start, end - start, s) for start, end, (_, s) in zip(starts, ends, kept)]  # widths once: see "Making it fast"
 
     def _combined(pos: float) -> float:
         if not 0 <= pos <= 1: raise ValueError(f"pos must be in [0, 1], got {pos!r}")
-        i = bisect_right(starts, pos) - 1  # over the phases' starts only, so pos=1 falls in the last phase
-        return funcs[i]((pos - starts[i]) / (ends[i] - starts[i]))
+        start, width, sched = phases[bisect_right(starts, pos) - 1]  # over the starts only: pos=1 is in the last phase
+        return sched((pos - start) / width)
     return _combined
 
 def cos_1cycle_anneal(start: float, high: float, end: float) -> list[Callable[[float], float]]:

@@ -10,7 +10,7 @@ import difflib
 import math
 import re
 import time
-from functools import partial
+from functools import cache, cached_property, partial
 from numbers import Real
 from typing import Callable, Iterable, Sequence
 
@@ -85,16 +85,12 @@ class Learner:
         if isinstance(lr, bool) or not isinstance(lr, Real) or not (math.isfinite(lr) and lr > 0):
             raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
         self.data, self.model, self.loss_func, self.opt_func, self.lr = data, model, loss_func, opt_func, lr
-        self.metrics, self.cbs, self._opt = listify(metrics), _make_cbs(cbs, cb_funcs), None
+        self.metrics, self.cbs = listify(metrics), _make_cbs(cbs, cb_funcs)
 
-    @property
+    @cached_property  # then a plain attribute (read at every batch: see "Making it fast"), which `learn.opt = ...` replaces
     def opt(self):
         "The optimizer: built from `opt_func(model.parameters(), lr=lr)` on first use."
-        if self._opt is None: self._opt = self.opt_func(self.model.parameters(), lr=self.lr)
-        return self._opt
-
-    @opt.setter
-    def opt(self, opt): self._opt = opt
+        return self.opt_func(self.model.parameters(), lr=self.lr)
 
     def find(self, cls: type | tuple[type, ...]) -> Callback | None:
         "The first of the learner's callbacks that is a `cls`, or None."
@@ -157,12 +153,16 @@ class Callback:
 
 def check_events(cb: Callback) -> None:
     "Raise ValueError if `cb` has a method whose name looks like an event but is not one (a typo would be ignored)."
-    for name in dir(type(cb)):
-        if name.startswith('_') or name in EVENTS or not callable(getattr(type(cb), name, None)): continue
+    _check_event_names(type(cb))
+
+@cache  # once per class: the fuzzy matching costs about a millisecond per fit otherwise (a class that fails is not kept)
+def _check_event_names(cls: type) -> None:
+    for name in dir(cls):
+        if name.startswith('_') or name in EVENTS or not callable(getattr(cls, name, None)): continue
         near = difflib.get_close_matches(name, EVENTS, n=1, cutoff=0.8)
         if near or name.startswith(('begin_', 'after_')):
             hint = f"did you mean {near[0]!r}? " if near else ''
-            raise ValueError(f"{type(cb).__name__}.{name} looks like an event but is not one; {hint}"
+            raise ValueError(f"{cls.__name__}.{name} looks like an event but is not one; {hint}"
                              f"events are: {', '.join(EVENTS)}")
 
 # %% ../nbs/04_callbacks.ipynb #59723bfd
@@ -299,21 +299,22 @@ class Runner:
 
     def one_batch(self, xb, yb) -> None:
         "Forward, loss, and in training backward and step, with their events."
+        learn = self.learn  # its attributes, not the properties above: see "Making it fast"
         try:
             self.xb, self.yb = xb, yb
             self('begin_batch')
-            self.pred = self.model(self.xb)
+            self.pred = learn.model(self.xb)
             self('after_pred')
-            self.loss = self.loss_func(self.pred, self.yb)
+            self.loss = learn.loss_func(self.pred, self.yb)
             self('after_loss')
             if self.in_train:
                 self.loss.backward()
                 try:
                     self('after_backward')
-                    self.opt.step()
+                    learn.opt.step()
                     self('after_step')
                 except CancelStepException: self('after_cancel_step')
-                self.opt.zero_grad()
+                learn.opt.zero_grad()
         except CancelBatchException: self('after_cancel_batch')
         self('after_batch')
 
@@ -368,6 +369,7 @@ class AvgStats:
     "Loss and metrics summed over an epoch, weighted by batch size, for training (`in_train`) or validation."
     def __init__(self, metrics: Sequence[Callable], in_train: bool):
         self.metrics, self.in_train = listify(metrics), in_train
+        self.batch_sums = [getattr(m, 'batch_sum', None) for m in self.metrics]  # see "Making it fast"
         self.reset()
 
     def reset(self) -> None:
@@ -384,10 +386,23 @@ class AvgStats:
 
     def accumulate(self, run: Runner) -> None:
         "Add one batch: its loss and metrics, each times the batch size."
-        n = len(run.xb)
-        self.tot_loss = self.tot_loss + run.loss.detach() * n
+        n, loss, pred, yb = len(run.xb), run.loss.detach(), run.pred, run.yb
+        if not self.count: self._first_batch(loss, pred, yb)
+        self.tot_loss.add_(loss, alpha=n)  # in place: no new tensor per batch
         self.count += n
-        for i, metric in enumerate(self.metrics): self.tot_mets[i] = self.tot_mets[i] + metric(run.pred, run.yb).detach() * n
+        for i, (metric, batch_sum) in enumerate(zip(self.metrics, self.batch_sums)):
+            if batch_sum is not None: self.tot_mets[i].add_(batch_sum(pred, yb))  # a count: no gradient to cut
+            else: self.tot_mets[i] = self.tot_mets[i] + metric(pred.detach(), yb) * n
+
+    def _first_batch(self, loss: torch.Tensor, pred: torch.Tensor, yb: torch.Tensor) -> None:
+        "Put the sums where the batches are, in at least fp32; call each summed metric once in full, to check its arguments."
+        self.tot_loss = self.tot_loss.to(loss.device, torch.promote_types(loss.dtype, torch.float32))
+        for i, (metric, batch_sum) in enumerate(zip(self.metrics, self.batch_sums)):
+            if batch_sum is None: continue
+            metric(pred, yb)
+            if batch_sum(pred, yb).requires_grad:  # summed in place, it would chain every batch's graph to the next
+                raise TypeError(f"{getattr(metric, '__name__', metric)}.batch_sum must return a tensor without gradient (a count)")
+            self.tot_mets[i] = self.tot_mets[i].to(pred.device)
 
     def __repr__(self) -> str:
         if not self.count: return ''
@@ -415,8 +430,8 @@ class AvgStatsCallback(Callback):
         self.start = time.perf_counter()
 
     def after_loss(self):
-        stats = self.train_stats if self.in_train else self.valid_stats
-        with torch.no_grad(): stats.accumulate(self.run)
+        run = self.run  # read directly at every batch: see "Making it fast"
+        (self.train_stats if run.in_train else self.valid_stats).accumulate(run)
 
     def after_epoch(self):
         values = [self.epoch, *self.train_stats.avg_stats, *self.valid_stats.avg_stats, time.perf_counter() - self.start]

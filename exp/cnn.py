@@ -26,7 +26,9 @@ class BatchTransformXCallback(Callback):
         if not callable(tfm): raise TypeError(f"tfm must be callable, got {tfm!r}")
         self.tfm = tfm
 
-    def begin_batch(self): self.run.xb = self.tfm(self.xb)
+    def begin_batch(self):
+        run = self.run  # read directly at every batch (not through the callback's fall-through): see notebook 04
+        run.xb = self.tfm(run.xb)
 
 def view_tfm(*size: int) -> Callable[[Tensor], Tensor]:
     "A transform viewing each batch as `(N, *size)`: `view_tfm(1, 28, 28)` turns flat MNIST into images."

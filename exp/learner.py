@@ -76,11 +76,13 @@ class TerminateOnNaNCallback(Callback):
     def begin_epoch(self): self.batch, self.kept = 0, []
 
     def after_loss(self):
-        if not (self.active and self.run.in_train): return
-        loss = self.run.loss.detach()
+        run = self.run  # read directly at every batch: see notebook 04's "Making it fast"
+        if not (self.active and run.in_train): return
+        loss = run.loss
         if loss.device.type == 'cpu':  # reading it costs a microsecond: check now, before the step uses it
-            if not math.isfinite(loss.item()): self._stop(self.batch, loss.item())
-        else: self.kept.append(loss)  # reading it would wait for the device: check the epoch's losses together
+            value = loss.item()  # a Python float, without the detached copy that keeping the loss would need
+            if not math.isfinite(value): self._stop(self.batch, value)
+        else: self.kept.append(loss.detach())  # reading it would wait for the device: check the epoch's losses together
         self.batch += 1
 
     def begin_validate(self): self._check_kept()

@@ -6,12 +6,13 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['logsumexp', 'log_softmax', 'nll', 'cross_entropy', 'accuracy']
+__all__ = ['logsumexp', 'log_softmax', 'try_compile', 'nll', 'cross_entropy', 'accuracy']
 
 # %% ../nbs/02_cross_entropy.ipynb #cf266b07
 def _check_scores(x: Tensor, name: str, ndim: int | None = None) -> None:
@@ -64,6 +65,17 @@ def log_softmax(x: Tensor) -> Tensor:
         else: out = torch.sub(xc, m, out=buf).sub_(lse)  # nothing needs buf any more: reuse it
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
+# %% ../nbs/02_cross_entropy.ipynb #e2b3c4d5
+def try_compile(fn: Callable, *example, **compile_kwargs) -> tuple[Callable, str | None]:
+    "`fn` under `torch.compile`, compiled now on `example`, and None; where compiling fails, `fn` itself and the reason."
+    try:
+        compiled = torch.compile(fn, **compile_kwargs)
+        compiled(*example)  # torch.compile is lazy: the first call compiles, and fails if it cannot
+        return compiled, None
+    except Exception as e:  # no C++ compiler or Python headers, an unsupported platform or Python version, ...
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ''
+        return fn, f"{type(e).__name__}: {first_line}"
+
 # %% ../nbs/02_cross_entropy.ipynb #b27d96f1
 def _check_labels(t: Tensor, name: str, scores: Tensor, scores_name: str) -> None:
     "Raise TypeError/ValueError naming `name` unless `t` holds 1-d integer labels, one per row of `scores`."
@@ -96,3 +108,10 @@ def accuracy(out: Tensor, targ: Tensor) -> Tensor:
     _check_scores(out, 'out', ndim=2)
     _check_labels(targ, 'targ', out, 'out')
     return (out.argmax(dim=1) == targ).float().mean()
+
+# %% ../nbs/02_cross_entropy.ipynb #b8d4f2e3
+def _n_correct(out: Tensor, targ: Tensor) -> Tensor:
+    "How many rows of `out` have their largest entry at index `targ`: accuracy times the batch size, unchecked."
+    return (out.argmax(dim=1) == targ).sum()
+
+accuracy.batch_sum = _n_correct  # what a sum over batches adds up instead of accuracy(out, targ) * len(out)

@@ -157,6 +157,40 @@ def test_combine_pcts_rounding_within_tolerance():
     combine_scheds(torch.tensor([0.3, 0.7]), [sched_no(1, 1)] * 2)
 
 
+def _combine_reference(pcts, scheds):
+    "combine_scheds as written before it kept each phase's width: the phase's ends looked up and subtracted at every call."
+    kept = [(p, s) for p, s in zip(pcts, scheds) if p > 0]
+    starts, total = [], 0.
+    for p, _ in kept:
+        starts.append(total)
+        total += p
+    ends = starts[1:] + [1.]
+    def f(pos):
+        i = max(j for j, s in enumerate(starts) if s <= pos)
+        return kept[i][1]((pos - starts[i]) / (ends[i] - starts[i]))
+    return f
+
+
+@pytest.mark.parametrize('pcts, scheds', [
+    ([1.], [sched_cos(0.3, 0.01)]),
+    ([0.3, 0.7], cos_1cycle_anneal(0.004, 0.1, 4e-7)),
+    ([0.25, 0.75], cos_1cycle_anneal(0.95, 0.85, 0.95)),
+    ([1 / 3] * 3, [sched_lin(0, 1), sched_exp(1, 1e-3), sched_cos(1e-3, 0.5)]),
+    ([0.5, 0., 0.5, 0.], [sched_lin(0, 1), sched_no(99, 99), sched_lin(1, 3), sched_no(-1, -1)]),
+])
+def test_combine_bitwise_as_before(pcts, scheds):
+    "The combined schedule gives exactly (==, not close) what the version without precomputed widths gave."
+    ours, ref = combine_scheds(pcts, scheds), _combine_reference(pcts, scheds)
+    grid = [i / 10_000 for i in range(10_001)]
+    counted, n = [], 0.  # and the positions a fit reaches, counted as the runner counts them (1/938 added per batch)
+    for _ in range(938):
+        counted.append(n)
+        n += 1. / 938
+    joints = [sum(pcts[:i]) for i in range(len(pcts) + 1)]
+    near = [min(max(j + d, 0.), 1.) for j in joints for d in (-1e-12, 0., 1e-12)]
+    for pos in grid + counted + near: assert ours(pos) == ref(pos), pos
+
+
 @pytest.mark.parametrize('pcts, n, message', [
     ([0.3, 0.6], 2, 'must sum to 1'), ([0.5, 0.5 + 2e-6], 2, 'must sum to 1'), ([1.2, -0.2], 2, 'must be >= 0'),
     ([0.5, 0.5], 1, 'same non-zero length, got 2 pcts and 1 scheds'), ([], 0, 'same non-zero length'),

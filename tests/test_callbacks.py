@@ -287,6 +287,57 @@ def test_avg_stats_silent():
     assert all(v != v for v in AvgStats([accuracy], True).avg_stats)  # nan before any batch
 
 
+def test_avg_stats_sums_exactly():
+    "Accuracy is summed as counts (exact for any batch size); the loss in place, as the float64 sum to fp32 precision."
+    data = make_data(n_train=30, n_valid=23, bs=7)  # batches of 7 (not a power of two) and a last one of 2
+    learn = make_learner(data, metrics=[accuracy])
+    run = Runner()
+    run.fit(1, learn)
+    learn.model.eval()
+    with torch.no_grad():
+        preds = [learn.model(xb) for xb, _ in data.valid_dl]
+    labels = [yb for _, yb in data.valid_dl]
+    correct = sum(int((p.argmax(1) == y).sum()) for p, y in zip(preds, labels))
+    loss_sum = sum(F.cross_entropy(p, y).double() * len(y) for p, y in zip(preds, labels))
+    stats = run.avg_stats.valid_stats
+    ft.test_eq(stats.tot_mets[0], torch.tensor(float(correct)))
+    ft.test_eq(run.avg_stats.history[0]['valid_accuracy'], float(correct) / 23)
+    ft.test_close(float(stats.tot_loss), float(loss_sum), eps=1e-5)
+    ft.test_eq(stats.tot_loss.dtype, torch.float32)
+
+
+def test_avg_stats_metrics_without_batch_sum_and_float64():
+    "A metric without batch_sum is summed as its mean times the batch size; a float64 model is summed in float64."
+    def mean_abs(pred, yb): return pred.abs().mean()  # differentiable: summed without a graph all the same
+    data = make_data()
+    learn = make_learner(data, metrics=[mean_abs, accuracy])
+    learn.model.double()
+    data.train_dl.ds.x, data.valid_dl.ds.x = data.train_dl.ds.x.double(), data.valid_dl.ds.x.double()
+    run = Runner()
+    run.fit(1, learn)
+    stats = run.avg_stats.valid_stats
+    assert not stats.tot_loss.requires_grad and not stats.tot_mets[0].requires_grad
+    ft.test_eq(stats.tot_loss.dtype, torch.float64)
+    with torch.no_grad():
+        pred = learn.model(data.valid_ds.x)
+    ft.test_close(stats.avg_stats[1], float(pred.abs().mean()), eps=1e-6)  # two equal batches of 4 and 2: weighted
+    ft.test_eq(run.avg_stats.history[0]['train_mean_abs'], run.avg_stats.train_stats.avg_stats[1])
+
+
+def test_avg_stats_checks_the_summed_metric_once_per_epoch():
+    "accuracy's checks still run (on each epoch's first batch), and a batch_sum that keeps a gradient is refused."
+    data = make_data()
+    data.valid_dl.ds.y = data.valid_dl.ds.y.float()  # labels that accuracy refuses (the loss takes them)
+    learn = make_learner(data, loss_func=lambda pred, yb: F.cross_entropy(pred, yb.long()))
+    with pytest.raises(TypeError, match='targ must hold integer class indices'):
+        Runner(cbs=[AvgStatsCallback([accuracy], print_stats=False)]).fit(1, learn)
+
+    def total(pred, yb): return pred.sum()
+    total.batch_sum = lambda pred, yb: pred.sum() * len(yb)
+    with pytest.raises(TypeError, match='total.batch_sum must return a tensor without gradient'):
+        Runner(cbs=[AvgStatsCallback([total], print_stats=False)]).fit(1, make_learner())
+
+
 # ---------------------------------------------------------------- the Runner is the hand-written loop
 
 def test_runner_same_weights_as_hand_written_loop():

@@ -1,5 +1,8 @@
 """Unit tests for exp.loss: logsumexp, log_softmax, nll, cross_entropy and accuracy against PyTorch."""
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -7,7 +10,7 @@ import torch.nn.functional as F
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
 from hypothesis import given, settings, strategies as st
 
-from exp.loss import _FEW_ELEMENTS, accuracy, cross_entropy, log_softmax, logsumexp, nll
+from exp.loss import _FEW_ELEMENTS, accuracy, cross_entropy, log_softmax, logsumexp, nll, try_compile
 
 inf, nan = math.inf, math.nan
 # log_softmax takes one path up to _FEW_ELEMENTS elements and another above: test both
@@ -284,8 +287,87 @@ def test_accuracy_by_hand():
     ft.test_eq(accuracy(out.half(), torch.tensor([0, 1, 0, 1, 1])), torch.tensor(0.))
 
 
+@given(st.integers(1, 300), st.integers(1, 12), st.integers(0, 2**31))
+@settings(max_examples=60, deadline=None)
+def test_accuracy_batch_sum_counts(n, c, seed):
+    "accuracy.batch_sum is the number of right answers: accuracy times the batch size, as an exact integer."
+    g = torch.Generator().manual_seed(seed)
+    out, targ = torch.randn(n, c, generator=g), torch.randint(0, c, (n,), generator=g)
+    count = accuracy.batch_sum(out, targ)
+    ft.test_eq(count.dtype, torch.int64)
+    ft.test_eq(int(count), sum(int(row.argmax()) == int(t) for row, t in zip(out, targ)))
+    ft.test_close(float(count) / n, float(accuracy(out, targ)), eps=1e-6)
+
+
 def test_accuracy_bad_input():
     out = torch.zeros(4, 3)
     with pytest.raises(ValueError, match=r'targ has 3 labels but out has 4 rows'): accuracy(out, torch.zeros(3, dtype=torch.long))
     with pytest.raises(TypeError, match=r'targ must hold integer class indices'): accuracy(out, torch.zeros(4))
     with pytest.raises(ValueError, match=r'out must be 2-d'): accuracy(torch.zeros(4), torch.zeros(4, dtype=torch.long))
+
+
+# ---------------------------------------------------------------- torch.compile
+
+def test_try_compile_falls_back_when_compiling_fails(monkeypatch):
+    "Where the first call of the compiled function fails (no C compiler), try_compile returns the function and why."
+    calls = []
+    def compile_without_compiler(fn, **kwargs):
+        calls.append(kwargs)
+        def compiled(*args): raise RuntimeError('InductorError: CppCompileError: C++ compile error\n(the command line)')
+        return compiled
+    monkeypatch.setattr(torch, 'compile', compile_without_compiler)
+    x = torch.randn(4, 3)
+    fn, why_not = try_compile(log_softmax, x, dynamic=False)
+    assert fn is log_softmax and why_not == 'RuntimeError: InductorError: CppCompileError: C++ compile error'
+    ft.test_eq(calls, [{'dynamic': False}])
+
+
+@pytest.mark.parametrize('error, why_not', [(RuntimeError('torch.compile is not supported on this Python'),
+                                              'RuntimeError: torch.compile is not supported on this Python'),
+                                             (NotImplementedError(), 'NotImplementedError: ')])
+def test_try_compile_falls_back_when_torch_compile_refuses(monkeypatch, error, why_not):
+    "Where torch.compile itself raises (before any call), the function comes back as it is, with the reason."
+    def refuse(fn, **kwargs): raise error
+    monkeypatch.setattr(torch, 'compile', refuse)
+    fn, reason = try_compile(log_softmax, torch.randn(4, 3))
+    assert fn is log_softmax
+    ft.test_eq(reason, why_not)
+
+
+def test_try_compile_returns_the_compiled_function(monkeypatch):
+    "Where compiling works, the compiled function comes back, already called once on the example, and no reason."
+    seen = []
+    def compile_ok(fn, **kwargs):
+        def compiled(*args):
+            seen.append(args)
+            return fn(*args)
+        return compiled
+    monkeypatch.setattr(torch, 'compile', compile_ok)
+    x = torch.randn(4, 3)
+    fn, why_not = try_compile(log_softmax, x)
+    assert why_not is None and fn is not log_softmax and len(seen) == 1 and seen[0][0] is x
+    torch.testing.assert_close(fn(x), F.log_softmax(x, -1))
+
+
+@pytest.mark.slow
+def test_try_compile_log_softmax():
+    "Compiled (where this machine can), our log_softmax still equals F.log_softmax; else the reason is given."
+    x = torch.randn(64, 10) * 3
+    fn, why_not = try_compile(log_softmax, x, dynamic=False)
+    assert (fn is log_softmax) == (why_not is not None)
+    torch.testing.assert_close(fn(x), F.log_softmax(x, -1))
+    torch.compiler.reset()
+
+
+@pytest.mark.slow
+def test_try_compile_without_a_cxx_compiler(tmp_path):
+    "On a machine whose C++ compiler is missing (CXX names none; a fresh Inductor cache), the function runs eager."
+    code = ('import torch, torch.nn.functional as F\n'
+            'from exp.loss import log_softmax, try_compile\n'
+            'x = torch.randn(64, 10)\n'
+            'fn, why_not = try_compile(log_softmax, x, dynamic=False)\n'
+            'assert fn is log_softmax and "compiler" in why_not.lower(), why_not\n'
+            'torch.testing.assert_close(fn(x), F.log_softmax(x, -1))\n')
+    env = {**os.environ, 'CXX': str(tmp_path / 'no-such-c++'), 'TORCHINDUCTOR_CACHE_DIR': str(tmp_path / 'cache')}
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]

@@ -1,0 +1,200 @@
+"""The training loop's overhead as users run it: `learn.fit_one_cycle(1)` with `metrics=[accuracy]` against a
+loop written by hand that does the same work, on Fashion-MNIST (60,000 train, 10,000 valid), bs 64, SGD with
+momentum, one-cycle: the MLP 784-50-10 and the lesson's CNN (conv 1-8-16-32-32). Goals: the MLP within 1.05x of
+the hand loop, the CNN within 1.02x, with the console progress bar within 1.07x.
+
+The same work means: the same batches (the same Sampler, seed and tensors), the same weights at the start, the
+same lr and momentum at every batch (the hand loop sets the one-cycle values, computed beforehand, into the
+optimizer's param groups), and the same sums (loss and accuracy over the training and the validation set, as
+the Learner's table shows them). Before timing, the script checks that both end with bit-identical weights and
+statistics.
+
+torch runs on one thread. Ours and the hand loop alternate, many rounds, in one process; each line gives the
+median and the spread (min-max) over the rounds of the ratio ours / hand. `overhead_us_per_batch` is the
+difference of the medians over the training batches. Where installed (`pip install -e ".[peers]"`), plain
+PyTorch (torch's DataLoader and OneCycleLR), Lightning and fastai train the same model on the same data,
+each as its documentation has it, against the same hand loop.
+
+    python bench/bench_overhead.py [--rounds 15] [--cnn-rounds 5] [--peer-rounds 3] [--no-cnn] [--no-peers]
+"""
+import argparse
+import contextlib
+import io
+import statistics
+import time
+from functools import partial
+
+import torch
+
+torch.set_num_threads(1)  # before any work: the figures are for one thread
+
+import torch.nn.functional as F
+from torch import nn
+
+from common import fashion_or_random, report
+from exp.anneal import sched_1cycle
+from exp.callbacks import DataBunch, Learner
+from exp.cnn import BatchTransformXCallback, get_cnn_model, view_tfm
+from exp.learner import Learner as _  # noqa: F401  (adds fit_one_cycle to Learner)
+from exp.loss import accuracy
+from exp.minibatch import DataLoader, Dataset, Sampler
+from exp.optimizers import SGD
+
+BS, MOMENTUM = 64, 0.9
+CLOCK = time.process_time
+LR = {'mlp': 0.1, 'cnn': 0.1}
+# fit_one_cycle's defaults, written out for the hand loop and the peers
+PCT_START, MOMS, DIV, FINAL_DIV = 0.3, (0.95, 0.85), 25., 25. * 1e4
+
+x, y, xv, yv, data_name = fashion_or_random()
+train_ds, valid_ds = Dataset(x, y), Dataset(xv, yv)
+to_images = view_tfm(1, 28, 28)
+
+
+def loaders():
+    "Fresh loaders with a fixed seed: every contender sees exactly the same batches."
+    return (DataLoader(train_ds, Sampler(train_ds, BS, shuffle=True, seed=0)),
+            DataLoader(valid_ds, Sampler(valid_ds, BS * 2)))
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(784, 50), nn.ReLU(), nn.Linear(50, 10))
+
+
+def cnn():
+    torch.manual_seed(0)
+    return get_cnn_model(DataBunch(None, None, c=10))
+
+
+MODELS = {'mlp': mlp, 'cnn': cnn}
+N_BATCHES = len(loaders()[0])
+
+
+def one_cycle_values(arch: str) -> list:
+    "The (lr, momentum) fit_one_cycle sets at each training batch of one epoch: its schedules at the positions it uses."
+    lr_sched, mom_sched = sched_1cycle(LR[arch], PCT_START, mom_start=MOMS[0], mom_mid=MOMS[1], mom_end=MOMS[0],
+                                       div_start=DIV, div_end=FINAL_DIV)
+    lr_f, mom_f = lr_sched.sched_funcs[0], mom_sched.sched_funcs[0]
+    values, n_epochs = [], 0.
+    for _ in range(N_BATCHES):  # the position counts epochs as the runner does: 1/len(train_dl) added per batch
+        values.append((lr_f(n_epochs), mom_f(n_epochs)))
+        n_epochs += 1. / N_BATCHES
+    return values
+
+
+SCHEDULE = {arch: one_cycle_values(arch) for arch in MODELS}
+
+
+def by_hand(arch: str):
+    "The loop a careful engineer writes: one-cycle values set per batch, loss and accuracy summed on the way."
+    model = MODELS[arch]()
+    opt = SGD(model.parameters(), lr=LR[arch], momentum=MOMENTUM)
+    train_dl, valid_dl = loaders()
+    tfm = to_images if arch == 'cnn' else None
+    train_loss, train_correct, valid_loss, valid_correct = (torch.zeros(()) for _ in range(4))
+    model.train()
+    for (xb, yb), (lr, mom) in zip(train_dl, SCHEDULE[arch]):
+        for pg in opt.param_groups: pg['lr'], pg['momentum'] = lr, mom
+        if tfm is not None: xb = tfm(xb)
+        pred = model(xb)
+        loss = F.cross_entropy(pred, yb)
+        train_loss.add_(loss.detach(), alpha=len(xb))
+        train_correct.add_((pred.argmax(1) == yb).sum())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        for xb, yb in valid_dl:
+            if tfm is not None: xb = tfm(xb)
+            pred = model(xb)
+            valid_loss.add_(F.cross_entropy(pred, yb), alpha=len(xb))
+            valid_correct.add_((pred.argmax(1) == yb).sum())
+    n, nv = len(train_ds), len(valid_ds)
+    stats = [float(train_loss) / n, float(train_correct) / n, float(valid_loss) / nv, float(valid_correct) / nv]
+    return model, stats
+
+
+def ours(arch: str, display: str = 'off'):
+    "`learn.fit_one_cycle(1)` as a user writes it, with the progress display `display`."
+    cbs = [BatchTransformXCallback(to_images)] if arch == 'cnn' else []
+    learn = Learner(DataBunch(*loaders(), c=10), MODELS[arch](), lr=LR[arch], metrics=[accuracy],
+                    opt_func=partial(SGD, momentum=MOMENTUM), cbs=cbs)
+    learn.display = display
+    with contextlib.redirect_stdout(io.StringIO()):  # the table (and the bar) are drawn, into a buffer
+        learn.fit_one_cycle(1)
+    row = learn.run.avg_stats.history[-1]
+    return learn.model, [row['train_loss'], row['train_accuracy'], row['valid_loss'], row['valid_accuracy']]
+
+
+def rounds_of(fns: dict, rounds: int) -> dict:
+    "Wall times of each of `fns` over `rounds` rounds, after one warm-up each; the order flips every round."
+    for fn in fns.values(): fn()
+    times = {name: [] for name in fns}
+    names = list(fns)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            t0 = CLOCK()
+            fns[name]()
+            times[name].append(CLOCK() - t0)
+    return times
+
+
+def report_ratio(prefix: str, times: list, ref: list, goal: float | None = None) -> None:
+    "Median time, the ratio of medians to `ref`, the spread of the per-round ratios, and the overhead per batch."
+    med, med_ref = statistics.median(times), statistics.median(ref)
+    ratios = [t / r for t, r in zip(times, ref)]
+    report(f'{prefix}_epoch_s', med)
+    report(f'{prefix}_ratio', med / med_ref, '.3f')
+    report(f'{prefix}_ratio_spread', f'{min(ratios):.3f}-{max(ratios):.3f}')
+    report(f'{prefix}_overhead_us_per_batch', (med - med_ref) / N_BATCHES * 1e6, '.1f')
+    if goal is not None: report(f'{prefix}_goal', f'<= {goal} ({"met" if med / med_ref <= goal else "missed"})')
+
+
+def same_work(arch: str) -> None:
+    "Check that ours and the hand loop computed the same thing, to the last bit, before timing them."
+    m1, s1 = ours(arch)
+    m2, s2 = by_hand(arch)
+    same_weights = all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values()))
+    report(f'{arch}_same_weights', same_weights)
+    report(f'{arch}_same_stats', s1 == s2)
+    report(f'{arch}_stats', ', '.join(f'{v:.4f}' for v in s1) + ' (train loss, train acc, valid loss, valid acc)')
+    if not (same_weights and s1 == s2): raise SystemExit(f'{arch}: ours and the hand loop did not do the same work')
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--rounds', type=int, default=15, help='rounds for the MLP')
+    ap.add_argument('--cnn-rounds', type=int, default=5, help='rounds for the CNN')
+    ap.add_argument('--peer-rounds', type=int, default=3, help='rounds for each peer (against the hand loop)')
+    ap.add_argument('--no-cnn', action='store_true', help='skip the CNN')
+    ap.add_argument('--no-peers', action='store_true', help='skip plain PyTorch, Lightning and fastai')
+    args = ap.parse_args()
+
+    report('data', f'{data_name}, {len(train_ds)} train, {len(valid_ds)} valid, bs {BS}, {N_BATCHES} training batches')
+    report('torch', f'{torch.__version__}, {torch.get_num_threads()} thread')
+    archs = ['mlp'] + ([] if args.no_cnn else ['cnn'])
+    for arch in archs: same_work(arch)
+
+    t = rounds_of({'hand': partial(by_hand, 'mlp'), 'ours': partial(ours, 'mlp'),
+                   'console': partial(ours, 'mlp', 'console')}, args.rounds)
+    report('mlp_hand_epoch_s', statistics.median(t['hand']))
+    report_ratio('mlp_ours', t['ours'], t['hand'], 1.05)
+    report_ratio('mlp_console_bar', t['console'], t['hand'], 1.07)
+    if 'cnn' in archs:
+        t = rounds_of({'hand': partial(by_hand, 'cnn'), 'ours': partial(ours, 'cnn')}, args.cnn_rounds)
+        report('cnn_hand_epoch_s', statistics.median(t['hand']))
+        report_ratio('cnn_ours', t['ours'], t['hand'], 1.02)
+    if not args.no_peers:
+        import peers
+        for name, fn in peers.contenders(x, y, xv, yv, BS, LR['mlp'], MOMS, DIV, PCT_START).items():
+            if isinstance(fn, str):
+                report(f'mlp_{name}', fn)
+                continue
+            t = rounds_of({'hand': partial(by_hand, 'mlp'), name: fn}, args.peer_rounds)
+            report_ratio(f'mlp_{name}', t[name], t['hand'])
+
+
+if __name__ == '__main__':
+    main()

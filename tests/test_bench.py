@@ -1,0 +1,134 @@
+"""Checks of the benchmark scripts' own arithmetic and of their dry runs (no timing is asserted)."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / 'bench'))
+import fp16_gpu  # noqa: E402  (bench/ is not a package)
+from fastcore import test as ft  # noqa: E402  (fastcore.test.test_eq would be collected by pytest as a test)
+
+
+@pytest.mark.parametrize('sizes, bs', [([784, 32, 32, 10], 16), ([5, 7, 3], 4), ([784, 64, 64, 64, 10], 9)])
+def test_matmul_flops_per_step_is_what_torch_counts(sizes, bs, monkeypatch):
+    "Our count of one training step's matrix-product FLOPs equals torch's FlopCounterMode over forward and backward."
+    monkeypatch.setattr(fp16_gpu, 'layer_sizes', lambda: sizes)
+    monkeypatch.setattr(fp16_gpu, 'dev', torch.device('cpu'))
+    model = fp16_gpu.make_model()
+    x, y = torch.randn(bs, sizes[0]), torch.randint(0, sizes[-1], (bs,))
+    with FlopCounterMode(display=False) as counter:
+        F.cross_entropy(model(x), y).backward()
+    assert fp16_gpu.matmul_flops_per_step(sizes, bs) == counter.get_total_flops()
+
+
+def test_the_h200_figure():
+    "The MLP of fp16_gpu.py at 8.66 ms a step (ours, fp16, on the H200) ran at about 40% of the dense fp16 peak."
+    flops = fp16_gpu.matmul_flops_per_step([784, 8192, 8192, 8192, 10], 4096)
+    assert abs(flops / 8.66e-3 / 1e12 / fp16_gpu.H200_FP16_DENSE_TFLOPS - 0.40) < 0.01
+
+
+@pytest.mark.slow
+def test_fp16_gpu_dry_run_on_cpu():
+    "The GPU benchmark runs end to end on the CPU (a tiny model), the compiled contender included."
+    proc = subprocess.run([sys.executable, 'bench/fp16_gpu.py', '--dry-run', '--only', 'fp32', 'ours_fp16', 'ours_fp16_compiled',
+                           'amp_fp16'], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(': ', 1) for line in proc.stdout.splitlines() if ': ' in line)
+    for name in ('fp32', 'ours_fp16', 'ours_fp16_compiled', 'amp_fp16'):
+        assert float(lines[f'{name}_step_ms']) > 0 and lines[f'{name}_of_fp16_peak'].endswith('%')
+        assert 2.0 < float(lines[f'{name}_final_loss']) < 2.7  # ten classes, three steps: near log(10) = 2.30
+    assert 'ours_fp16_compiled_step_vs_ours_fp16' in lines
+
+
+def test_fp16_gpu_goes_on_where_compiling_fails(monkeypatch, capsys):
+    "Where torch.compile cannot run (no Triton on the GPU, no C++ compiler), the compiled run says why; the others run."
+    for name in ('WIDTH', 'DEPTH', 'BS', 'STEPS', 'WARMUP', 'dev'): monkeypatch.setattr(fp16_gpu, name, getattr(fp16_gpu, name))
+    def no_backend(model, **kwargs): raise RuntimeError('Cannot find a working triton installation\n(more)')
+    monkeypatch.setattr(torch, 'compile', no_backend)
+    monkeypatch.setattr(sys, 'argv', ['fp16_gpu.py', '--dry-run', '--only', 'fp32', 'ours_fp16_compiled'])
+    fp16_gpu.main()
+    lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines() if ': ' in line)
+    ft.test_eq(lines['ours_fp16_compiled'], 'not available (RuntimeError: Cannot find a working triton installation)')
+    assert float(lines['fp32_step_ms']) > 0 and 'ours_fp16_compiled_step_ms' not in lines
+
+
+# ---------------------------------------------------------------- bench_overhead.py and peers.py
+
+@pytest.fixture(scope='module')
+def bench_overhead():
+    "bench/bench_overhead.py as a module (its data loaded); it sets torch to one thread on import, put back here."
+    threads = torch.get_num_threads()
+    import bench_overhead as module
+    torch.set_num_threads(threads)
+    return module
+
+
+def test_report_ratio(bench_overhead, capsys):
+    "The ratio is of the medians; the spread is over each round's own ratio; the overhead is per training batch."
+    bench_overhead.report_ratio('x', [1.10, 1.30, 1.02], [1.0, 1.2, 0.9], 1.05)
+    bench_overhead.report_ratio('y', [1.10, 1.30, 1.02], [1.0, 1.2, 0.9], 1.2)
+    lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines())
+    ft.test_eq(lines['x_epoch_s'], '1.1')
+    ft.test_eq(lines['x_ratio'], '1.100')
+    ft.test_eq(lines['x_ratio_spread'], '1.083-1.133')  # 1.30/1.2 and 1.02/0.9
+    ft.test_close(float(lines['x_overhead_us_per_batch']), 0.1 / bench_overhead.N_BATCHES * 1e6, eps=0.05)
+    ft.test_eq(lines['x_goal'], '<= 1.05 (missed)')
+    ft.test_eq(lines['y_goal'], '<= 1.2 (met)')
+
+
+def test_rounds_of_alternates(bench_overhead):
+    "Each contender runs once to warm up, then once a round, the order flipping every round."
+    calls = []
+    times = bench_overhead.rounds_of({'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}, 3)
+    ft.test_eq(calls, ['a', 'b', 'a', 'b', 'b', 'a', 'a', 'b'])
+    ft.test_eq({name: len(ts) for name, ts in times.items()}, {'a': 3, 'b': 3})
+
+
+@pytest.mark.slow
+def test_same_work_mlp(bench_overhead, capsys):
+    "fit_one_cycle and the hand loop end with the same weights and sums, to the last bit; one lr off at one batch is caught."
+    bench_overhead.same_work('mlp')
+    lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines())
+    ft.test_eq((lines['mlp_same_weights'], lines['mlp_same_stats']), ('True', 'True'))
+    schedule = list(bench_overhead.SCHEDULE['mlp'])
+    lr, mom = schedule[500]
+    schedule[500] = (lr * (1 + 1e-6), mom)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(bench_overhead.SCHEDULE, 'mlp', schedule)
+        with pytest.raises(SystemExit, match='did not do the same work'): bench_overhead.same_work('mlp')
+
+
+@pytest.mark.slow
+def test_same_work_cnn(bench_overhead, capsys):
+    "The same on the lesson's CNN, whose images come from a batch transform."
+    bench_overhead.same_work('cnn')
+    lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines())
+    ft.test_eq((lines['cnn_same_weights'], lines['cnn_same_stats']), ('True', 'True'))
+
+
+def _tiny_data():
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(96, 784, generator=g), torch.randint(0, 10, (96,), generator=g), \
+        torch.randn(40, 784, generator=g), torch.randint(0, 10, (40,), generator=g)
+
+
+def test_peers_that_cannot_run_are_reported(monkeypatch):
+    "A peer that is not installed, or fails on its first run, is a reason (a string), not something to time."
+    import peers
+    monkeypatch.setitem(sys.modules, 'lightning', None)  # as if not installed: importing it raises ImportError
+    def broken(*args):
+        def run(): raise RuntimeError('operator torchvision::nms does not exist\n(the traceback)')
+        return run
+    monkeypatch.setattr(peers, 'fastai', broken)
+    out = peers.contenders(*_tiny_data(), 16, 0.1, (0.95, 0.85), 25., 0.3)
+    ft.test_eq(list(out), ['plain_pytorch', 'lightning', 'fastai'])
+    assert out['lightning'].startswith('skipped (ModuleNotFoundError: ') and 'lightning' in out['lightning']
+    ft.test_eq(out['fastai'], 'skipped (RuntimeError: operator torchvision::nms does not exist)')
+    sums = out['plain_pytorch']()  # summed losses and counts of right answers, training then validation
+    assert sums[0] > 0 and sums[2] > 0
+    assert 0 <= sums[1] <= 96 and 0 <= sums[3] <= 40 and sums[1] == sums[1].round() and sums[3] == sums[3].round()
