@@ -12,6 +12,7 @@ from exp.backprop import (ExerciseError, check_leaky_relu_function, check_scale_
 from exp.batchnorm import check_fold_bn, check_instance_norm, check_running_var_after
 from exp.early_stopping import check_lr_at, check_stopping_epoch
 from exp.hooks import check_fan_in, check_he_std, check_zero_fraction
+from exp.progress import check_eta, check_redrawn_line
 from exp.optimizers import check_adam_first_step, check_ewma_after_three, check_rmsprop_step
 
 
@@ -138,6 +139,15 @@ def rmsprop_new_tensor(p, grad, square_avg, lr=0.01, alpha=0.99, eps=1e-8):
     return p - lr * grad / (square_avg.sqrt() + eps)
 
 
+def eta(elapsed, done, total): return elapsed / done * (total - done)
+
+
+def redrawn_line(raw):
+    shown = ''
+    for part in raw.split('\r'): shown = part + shown[len(part):]
+    return shown
+
+
 def stopping_epoch_vs_previous(losses, patience):  # counts the epochs worse than the one before
     wait = 0
     for epoch in range(1, len(losses)):
@@ -221,6 +231,14 @@ CHECKS = [
         (stopping_epoch_on_ties, 'equal to the best is not an improvement'),
         (stopping_epoch_from_one, 'count the epochs from 0'),
         (lambda losses, patience: len(losses) - 1, r'stopping_epoch\(\[1.0, 0.9, 0.8, 0.85, 0.83, 0.9\], 2\) is 5, should be 4\. Hint')]),
+    (check_eta, eta, [
+        (lambda elapsed, done, total: elapsed / done * total, 'the time of the whole pass'),
+        (lambda elapsed, done, total: elapsed * (total - done), r'should be 30\. Hint: the average time per batch'),
+        (lambda elapsed, done, total: f'{elapsed:.0f}s', 'should be a number')]),
+    (check_redrawn_line, redrawn_line, [
+        (lambda raw: raw.split('\r')[-1], 'does not erase the line'),
+        (lambda raw: raw.replace('\r', ''), r"redrawn_line\('abc\\rX'\) is 'abcX', should be 'Xbc'\. Hint"),
+        (lambda raw: raw.encode(), 'should be a string')]),
 ]
 IDS = [check.__name__ for check, *_ in CHECKS]
 
