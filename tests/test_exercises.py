@@ -10,6 +10,7 @@ from torch import nn
 from exp.backprop import (ExerciseError, check_leaky_relu_function, check_scale_backward, check_sigmoid_backward,
                           exercise, expect_close)
 from exp.batchnorm import check_fold_bn, check_instance_norm, check_running_var_after
+from exp.cnn import check_conv_out_size, check_conv_params
 from exp.early_stopping import check_lr_at, check_stopping_epoch
 from exp.hooks import check_fan_in, check_he_std, check_zero_fraction
 from exp.progress import check_eta, check_redrawn_line
@@ -148,6 +149,12 @@ def redrawn_line(raw):
     return shown
 
 
+def conv_out_size(n, ks, stride, padding): return (n + 2 * padding - ks) // stride + 1
+
+
+def conv_params(ni, nf, ks): return nf * ni * ks * ks + nf
+
+
 def stopping_epoch_vs_previous(losses, patience):  # counts the epochs worse than the one before
     wait = 0
     for epoch in range(1, len(losses)):
@@ -239,6 +246,17 @@ CHECKS = [
         (lambda raw: raw.split('\r')[-1], 'does not erase the line'),
         (lambda raw: raw.replace('\r', ''), r"redrawn_line\('abc\\rX'\) is 'abcX', should be 'Xbc'\. Hint"),
         (lambda raw: raw.encode(), 'should be a string')]),
+    (check_conv_out_size, conv_out_size, [
+        (lambda n, ks, stride, padding: (n - ks) // stride + 1, 'the padding adds'),
+        (lambda n, ks, stride, padding: (n + 2 * padding - ks) // stride, r'count the first position too: \+ 1'),
+        (lambda n, ks, stride, padding: n // stride, 'that is the stride alone'),
+        (lambda n, ks, stride, padding: (n + 2 * padding - ks) // stride + 2, r'conv_out_size\(28, 5, 2, 2\) is 15, should be 14\. Hint'),
+        (lambda n, ks, stride, padding: (n + 2 * padding - ks) / stride + 1, 'should be an int')]),
+    (check_conv_params, conv_params, [
+        (lambda ni, nf, ks: ni * nf * ks * ks, 'the bias is missing'),
+        (lambda ni, nf, ks: ni * nf * ks + nf, 'ks \\* ks weights'),
+        (lambda ni, nf, ks: nf * ks * ks + nf, 'for every input channel'),
+        (lambda ni, nf, ks: ni * nf * ks * ks + ni, r'conv_params\(1, 8, 5\) is 201, should be 208\. Hint')]),
 ]
 IDS = [check.__name__ for check, *_ in CHECKS]
 
