@@ -14,6 +14,7 @@ from exp.cnn import check_conv_out_size, check_conv_params
 from exp.early_stopping import check_lr_at, check_stopping_epoch
 from exp.hooks import check_fan_in, check_he_std, check_zero_fraction
 from exp.progress import check_eta, check_redrawn_line
+from exp.minibatch import check_epoch_loss, check_n_batches
 from exp.optimizers import check_adam_first_step, check_ewma_after_three, check_rmsprop_step
 
 
@@ -155,6 +156,12 @@ def conv_out_size(n, ks, stride, padding): return (n + 2 * padding - ks) // stri
 def conv_params(ni, nf, ks): return nf * ni * ks * ks + nf
 
 
+def n_batches(n, bs, drop_last): return n // bs if drop_last else -(-n // bs)
+
+
+def epoch_loss(losses, sizes): return (losses * sizes).sum() / sizes.sum()
+
+
 def stopping_epoch_vs_previous(losses, patience):  # counts the epochs worse than the one before
     wait = 0
     for epoch in range(1, len(losses)):
@@ -257,6 +264,17 @@ CHECKS = [
         (lambda ni, nf, ks: ni * nf * ks + nf, 'ks \\* ks weights'),
         (lambda ni, nf, ks: nf * ks * ks + nf, 'for every input channel'),
         (lambda ni, nf, ks: ni * nf * ks * ks + ni, r'conv_params\(1, 8, 5\) is 201, should be 208\. Hint')]),
+    (check_n_batches, n_batches, [
+        (lambda n, bs, drop_last: -(-n // bs), 'drop_last drops the last'),
+        (lambda n, bs, drop_last: n // bs, 'without drop_last the last, smaller batch counts too'),
+        (lambda n, bs, drop_last: n / bs, 'should be an int'),
+        (lambda n, bs, drop_last: n // bs + 1, r'n_batches\(1000, 128, True\) is 8, should be 7: drop_last'),
+        (lambda n, bs, drop_last: n // bs - 1 if drop_last else -(-n // bs), r'n_batches\(1000, 128, True\) is 6, should be 7\. Hint')]),
+    (check_epoch_loss, epoch_loss, [
+        (lambda losses, sizes: losses.mean(), "the mean of the batches' means"),
+        (lambda losses, sizes: (losses * sizes).sum(), 'divide it by the number of items'),
+        (lambda losses, sizes: float((losses * sizes).sum() / sizes.sum()) * 1.01, r'is wrong: its element 0 .*; weight each batch'),
+        (lambda losses, sizes: losses * sizes / sizes.sum(), 'has shape \\(8,\\), but should have shape \\(\\)')]),
 ]
 IDS = [check.__name__ for check, *_ in CHECKS]
 
