@@ -10,7 +10,11 @@ from torch import nn
 from exp.backprop import (ExerciseError, check_leaky_relu_function, check_scale_backward, check_sigmoid_backward,
                           exercise, expect_close)
 from exp.batchnorm import check_fold_bn, check_instance_norm, check_running_var_after
+from exp.cnn import check_conv_out_size, check_conv_params
+from exp.early_stopping import check_lr_at, check_stopping_epoch
 from exp.hooks import check_fan_in, check_he_std, check_zero_fraction
+from exp.progress import check_eta, check_redrawn_line
+from exp.minibatch import check_epoch_loss, check_n_batches
 from exp.optimizers import check_adam_first_step, check_ewma_after_three, check_rmsprop_step
 
 
@@ -73,6 +77,18 @@ def fold_bn(conv, bn):
 def running_var_after(running_var, x, momentum): return (1 - momentum) * running_var + momentum * x.var((0, 2, 3))
 
 
+def lr_at(i, min_lr, max_lr, max_iter): return min_lr * (max_lr / min_lr) ** (i / (max_iter - 1))
+
+
+def stopping_epoch(losses, patience):
+    best, wait = math.inf, 0
+    for epoch, loss in enumerate(losses):
+        if loss < best: best, wait = loss, 0
+        else: wait += 1
+        if wait == patience: return epoch
+    return None
+
+
 # ---------------------------------------------------------------- wrong ones, and what the checks say about them
 
 def zero_fraction_in_eval_too(hook, module, inp, out):
@@ -123,6 +139,44 @@ def rmsprop_no_average(p, grad, square_avg, lr=0.01, alpha=0.99, eps=1e-8):
 def rmsprop_new_tensor(p, grad, square_avg, lr=0.01, alpha=0.99, eps=1e-8):
     square_avg.mul_(alpha).addcmul_(grad, grad, value=1 - alpha)
     return p - lr * grad / (square_avg.sqrt() + eps)
+
+
+def eta(elapsed, done, total): return elapsed / done * (total - done)
+
+
+def redrawn_line(raw):
+    shown = ''
+    for part in raw.split('\r'): shown = part + shown[len(part):]
+    return shown
+
+
+def conv_out_size(n, ks, stride, padding): return (n + 2 * padding - ks) // stride + 1
+
+
+def conv_params(ni, nf, ks): return nf * ni * ks * ks + nf
+
+
+def n_batches(n, bs, drop_last): return n // bs if drop_last else -(-n // bs)
+
+
+def epoch_loss(losses, sizes): return (losses * sizes).sum() / sizes.sum()
+
+
+def stopping_epoch_vs_previous(losses, patience):  # counts the epochs worse than the one before
+    wait = 0
+    for epoch in range(1, len(losses)):
+        wait = wait + 1 if losses[epoch] >= losses[epoch - 1] else 0
+        if wait == patience: return epoch
+    return None
+
+
+def stopping_epoch_on_ties(losses, patience):  # takes an equal loss for a new best
+    return stopping_epoch([l - 1e-9 * i for i, l in enumerate(losses)], patience)
+
+
+def stopping_epoch_from_one(losses, patience):
+    epoch = stopping_epoch(losses, patience)
+    return None if epoch is None else epoch + 1
 
 
 CHECKS = [
@@ -180,6 +234,47 @@ CHECKS = [
         (lambda rv, x, m: (1 - m) * rv + m * x.var((0, 2, 3), unbiased=False), 'the unbiased one'),
         (lambda rv, x, m: m * rv + (1 - m) * x.var((0, 2, 3)), 'momentum is the weight of the new value'),
         (lambda rv, x, m: x.var((0, 2, 3)), 'moves only part of the way')]),
+    (check_lr_at, lr_at, [
+        (lambda i, lo, hi, n: lo + (hi - lo) * i / (n - 1), 'that grows linearly'),
+        (lambda i, lo, hi, n: lo * (hi / lo) ** (i / n), 'one batch too late'),
+        (lambda i, lo, hi, n: lo * (hi / lo) ** (i / (n + 1)), r'lr_at\(99, 1e-06, 10.0, 100\) = .*, should be 10\. Hint'),
+        (lambda i, lo, hi, n: str(lo), 'should be a number')]),
+    (check_stopping_epoch, stopping_epoch, [
+        (stopping_epoch_vs_previous, 'not with the epoch before'),
+        (lambda losses, patience: stopping_epoch(losses, patience + 1), 'one epoch too many'),
+        (stopping_epoch_on_ties, 'equal to the best is not an improvement'),
+        (stopping_epoch_from_one, 'count the epochs from 0'),
+        (lambda losses, patience: len(losses) - 1, r'stopping_epoch\(\[1.0, 0.9, 0.8, 0.85, 0.83, 0.9\], 2\) is 5, should be 4\. Hint')]),
+    (check_eta, eta, [
+        (lambda elapsed, done, total: elapsed / done * total, 'the time of the whole pass'),
+        (lambda elapsed, done, total: elapsed * (total - done), r'should be 30\. Hint: the average time per batch'),
+        (lambda elapsed, done, total: f'{elapsed:.0f}s', 'should be a number')]),
+    (check_redrawn_line, redrawn_line, [
+        (lambda raw: raw.split('\r')[-1], 'does not erase the line'),
+        (lambda raw: raw.replace('\r', ''), r"redrawn_line\('abc\\rX'\) is 'abcX', should be 'Xbc'\. Hint"),
+        (lambda raw: raw.encode(), 'should be a string')]),
+    (check_conv_out_size, conv_out_size, [
+        (lambda n, ks, stride, padding: (n - ks) // stride + 1, 'the padding adds'),
+        (lambda n, ks, stride, padding: (n + 2 * padding - ks) // stride, r'count the first position too: \+ 1'),
+        (lambda n, ks, stride, padding: n // stride, 'that is the stride alone'),
+        (lambda n, ks, stride, padding: (n + 2 * padding - ks) // stride + 2, r'conv_out_size\(28, 5, 2, 2\) is 15, should be 14\. Hint'),
+        (lambda n, ks, stride, padding: (n + 2 * padding - ks) / stride + 1, 'should be an int')]),
+    (check_conv_params, conv_params, [
+        (lambda ni, nf, ks: ni * nf * ks * ks, 'the bias is missing'),
+        (lambda ni, nf, ks: ni * nf * ks + nf, 'ks \\* ks weights'),
+        (lambda ni, nf, ks: nf * ks * ks + nf, 'for every input channel'),
+        (lambda ni, nf, ks: ni * nf * ks * ks + ni, r'conv_params\(1, 8, 5\) is 201, should be 208\. Hint')]),
+    (check_n_batches, n_batches, [
+        (lambda n, bs, drop_last: -(-n // bs), 'drop_last drops the last'),
+        (lambda n, bs, drop_last: n // bs, 'without drop_last the last, smaller batch counts too'),
+        (lambda n, bs, drop_last: n / bs, 'should be an int'),
+        (lambda n, bs, drop_last: n // bs + 1, r'n_batches\(1000, 128, True\) is 8, should be 7: drop_last'),
+        (lambda n, bs, drop_last: n // bs - 1 if drop_last else -(-n // bs), r'n_batches\(1000, 128, True\) is 6, should be 7\. Hint')]),
+    (check_epoch_loss, epoch_loss, [
+        (lambda losses, sizes: losses.mean(), "the mean of the batches' means"),
+        (lambda losses, sizes: (losses * sizes).sum(), 'divide it by the number of items'),
+        (lambda losses, sizes: float((losses * sizes).sum() / sizes.sum()) * 1.01, r'is wrong: its element 0 .*; weight each batch'),
+        (lambda losses, sizes: losses * sizes / sizes.sum(), 'has shape \\(8,\\), but should have shape \\(\\)')]),
 ]
 IDS = [check.__name__ for check, *_ in CHECKS]
 
