@@ -7,8 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from exp.backprop import (ExerciseError, check_leaky_relu_function, check_scale_backward, check_sigmoid_backward,
-                          exercise, expect_close)
+import exp.backprop
+from exp.backprop import check_leaky_relu_function, check_scale_backward, check_sigmoid_backward
+from exp.exercises import ExerciseError, check_mse, check_one_hot, check_relu, exercise, expect_close
 from exp.batchnorm import check_fold_bn, check_instance_norm, check_running_var_after
 from exp.cnn import check_conv_out_size, check_conv_params
 from exp.early_stopping import check_lr_at, check_stopping_epoch
@@ -23,6 +24,12 @@ def not_answered(*args, **kwargs):
 
 
 # ---------------------------------------------------------------- reference solutions
+
+def mse(pred, target): return ((pred - target) ** 2).mean()
+
+
+def one_hot(y, c): return torch.zeros(len(y), c).scatter_(1, y[:, None], 1.)
+
 
 def sigmoid_backward(inp, out_g):
     s = torch.sigmoid(inp)
@@ -180,6 +187,22 @@ def stopping_epoch_from_one(losses, patience):
 
 
 CHECKS = [
+    (check_relu, lambda x: x.clamp_min(0), [
+        (lambda x: x.clamp_max(0), 'that keeps the negative elements'),
+        (lambda x: x.abs(), 'that is the absolute value'),
+        (lambda x: x * 2, r'relu\(x\) is wrong: its element 0 \(counting in order\) is -4 but should be 0'),
+        (lambda x: x.tolist(), 'should be a tensor, got list')]),
+    (check_mse, mse, [
+        (lambda p, t: ((p - t) ** 2).sum(), 'that is the sum of the squares'),
+        (lambda p, t: (p - t).abs().mean(), 'the mean absolute difference'),
+        (lambda p, t: ((p - t) ** 2).mean().sqrt(), r'its square root \(the RMSE\)'),
+        (lambda p, t: (p - t).mean() ** 2, 'square each difference first'),
+        (lambda p, t: ((p - t) ** 2).mean(0), r'has shape \(3,\), but should have shape \(\)')]),
+    (check_one_hot, one_hot, [
+        (lambda y, c: one_hot(y, c).T, r'has shape \(4, 5\): one row per label'),
+        (lambda y, c: one_hot(y, c).long(), 'should be a float tensor'),
+        (lambda y, c: 1 - one_hot(y, c), 'row i is all zeros except a 1 in column y\[i\]'),
+        (lambda y, c: y.float(), r'has shape \(5,\), but should have shape \(5, 4\)')]),
     (check_sigmoid_backward, sigmoid_backward, [
         (lambda inp, g: torch.sigmoid(inp) * (1 - torch.sigmoid(inp)), 'the chain rule multiplies it by out_g'),
         (lambda inp, g: torch.sigmoid(inp) * g, r'sigmoid\(x\) \* \(1 - sigmoid\(x\)\), not sigmoid\(x\)'),
@@ -306,6 +329,10 @@ def test_numbers_as_tensors_are_accepted(capsys):
     check_ewma_after_three(torch.tensor(0.271))
     check_adam_first_step(torch.tensor(-0.0099999))
     assert capsys.readouterr().out.count('correct') == 2
+
+
+def test_the_mechanism_is_still_importable_from_exp_backprop():
+    assert (exp.backprop.ExerciseError, exp.backprop.exercise, exp.backprop.expect_close) == (ExerciseError, exercise, expect_close)
 
 
 def test_the_mechanism_on_its_own(capsys):
