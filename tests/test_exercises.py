@@ -9,6 +9,7 @@ from torch import nn
 
 import exp.backprop
 from exp.backprop import check_leaky_relu_function, check_scale_backward, check_sigmoid_backward
+from exp.data import check_idx_dims, check_normalize_valid
 from exp.exercises import ExerciseError, check_mse, check_one_hot, check_relu, exercise, expect_close
 from exp.batchnorm import check_fold_bn, check_instance_norm, check_running_var_after
 from exp.cnn import check_conv_out_size, check_conv_params
@@ -24,6 +25,11 @@ def not_answered(*args, **kwargs):
 
 
 # ---------------------------------------------------------------- reference solutions
+
+def idx_dims(raw): return [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], 'big') for i in range(raw[3])]
+
+
+def normalize_valid(x_train, x_valid): return (x_valid - x_train.mean()) / x_train.std()
 
 def mse(pred, target): return ((pred - target) ** 2).mean()
 
@@ -187,6 +193,18 @@ def stopping_epoch_from_one(losses, patience):
 
 
 CHECKS = [
+    (check_idx_dims, idx_dims, [
+        (lambda raw: [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], 'little') for i in range(raw[3])], "big-endian"),
+        (lambda raw: [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], 'big') for i in range(3)], 'byte 3 of the header is the number'),
+        (lambda raw: [int.from_bytes(raw[3 + 4 * i: 7 + 4 * i], 'big') for i in range(raw[3])], r'shape \[3, 300, 2\], idx_dims gave .*\. Hint'),
+        (lambda raw: raw[4:8], r'gave \[0, 0, 0, 3\]: byte 3'),
+        (lambda raw: None, 'should return a list of ints')]),
+    (check_normalize_valid, normalize_valid, [
+        (lambda xt, xv: (xv - xv.mean()) / xv.std(), "the validation set's own statistics"),
+        (lambda xt, xv: (xt - xt.mean()) / xt.std(), r'has shape \(200, 12\), but should have shape \(50, 12\)'),
+        (lambda xt, xv: xv - xt.mean(), 'divide by the training set.s std too'),
+        (lambda xt, xv: (xv - xt.mean()) / xt.var(), 'not the variance'),
+        (lambda xt, xv: (xv - 0.5) / 0.3, 'its element .* but should be')]),
     (check_relu, lambda x: x.clamp_min(0), [
         (lambda x: x.clamp_max(0), 'that keeps the negative elements'),
         (lambda x: x.abs(), 'that is the absolute value'),
