@@ -10,6 +10,7 @@ from torch import nn
 import exp.backprop
 from exp.backprop import check_leaky_relu_function, check_scale_backward, check_sigmoid_backward
 from exp.data import check_idx_dims, check_normalize_valid
+from exp.fp16 import check_next_scale, check_smallest_scale
 from exp.exercises import ExerciseError, check_mse, check_one_hot, check_relu, exercise, expect_close
 from exp.batchnorm import check_fold_bn, check_instance_norm, check_running_var_after
 from exp.cnn import check_conv_out_size, check_conv_params
@@ -25,6 +26,19 @@ def not_answered(*args, **kwargs):
 
 
 # ---------------------------------------------------------------- reference solutions
+
+def next_scale(scale, overflow, noskip, max_noskip):
+    if overflow: return scale / 2, 0
+    noskip += 1
+    return (scale * 2, 0) if noskip >= max_noskip else (scale, noskip)
+
+
+def next_scale_compared_before_counting(scale, overflow, noskip, max_noskip):
+    if overflow: return scale / 2, 0
+    return (scale * 2, 0) if noskip >= max_noskip else (scale, noskip + 1)
+
+
+def smallest_scale(g): return 2. ** max(0, math.ceil(math.log2(2 ** -14 / g)))
 
 def idx_dims(raw): return [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], 'big') for i in range(raw[3])]
 
@@ -193,6 +207,21 @@ def stopping_epoch_from_one(losses, patience):
 
 
 CHECKS = [
+    (check_next_scale, next_scale, [
+        (lambda scale, overflow, noskip, m: (scale * 2, 0) if overflow else next_scale(scale, overflow, noskip, m), 'halve it'),
+        (lambda scale, overflow, noskip, m: (scale / 2, noskip) if overflow else next_scale(scale, overflow, noskip, m),
+         'noskip goes back to 0'),
+        (next_scale_compared_before_counting, "count this batch's good step first"),
+        (lambda scale, overflow, noskip, m: (scale, 0) if overflow else next_scale(scale, overflow, noskip, m),
+         r'next_scale\(65536.0, True, 5, 8\) is \(65536.0, 0\), should be \(32768.0, 0\)\. Hint'),
+        (lambda scale, overflow, noskip, m: scale, r'should return a pair \(scale, noskip\)')]),
+    (check_smallest_scale, smallest_scale, [
+        (lambda g: max(0, math.ceil(math.log2(2 ** -14 / g))), 'that is the exponent k'),
+        (lambda g: 2. ** max(0, math.ceil(math.log2(2 ** -24 / g))), 'the target is the smallest normal'),
+        (lambda g: 2. ** max(0, math.floor(math.log2(2 ** -14 / g))), 'round the exponent up'),
+        (lambda g: 2. ** math.ceil(math.log2(2 ** -14 / g)), 'a scale is never below 1'),
+        (lambda g: 2. ** 16, r'smallest_scale\(1e-08\) is 65536.0, should be 8192.0\. Hint'),
+        (lambda g: str(g), 'should return numbers')]),
     (check_idx_dims, idx_dims, [
         (lambda raw: [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], 'little') for i in range(raw[3])], "big-endian"),
         (lambda raw: [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], 'big') for i in range(3)], 'byte 3 of the header is the number'),
