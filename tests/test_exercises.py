@@ -11,6 +11,7 @@ import exp.backprop
 from exp.backprop import check_leaky_relu_function, check_scale_backward, check_sigmoid_backward
 from exp.data import check_idx_dims, check_normalize_valid
 from exp.fp16 import check_next_scale, check_smallest_scale
+from exp.learner import check_resume_start, check_suggest_lr
 from exp.exercises import ExerciseError, check_mse, check_one_hot, check_relu, exercise, expect_close
 from exp.batchnorm import check_fold_bn, check_instance_norm, check_running_var_after
 from exp.cnn import check_conv_out_size, check_conv_params
@@ -26,6 +27,26 @@ def not_answered(*args, **kwargs):
 
 
 # ---------------------------------------------------------------- reference solutions
+
+def resume_start(saved_epoch, epochs): return min(saved_epoch + 1, epochs)
+
+
+def suggest(lrs, losses, beta=0.9):
+    avg, best, best_lr = 0., math.inf, lrs[0]
+    for i, (lr, loss) in enumerate(zip(lrs, losses), 1):
+        if not math.isfinite(loss): break
+        avg = beta * avg + (1 - beta) * loss
+        if avg / (1 - beta ** i) < best: best, best_lr = avg / (1 - beta ** i), lr
+    return best_lr / 10
+
+
+def suggest_biased(lrs, losses, beta=0.9):  # the average without its bias correction
+    avg, best, best_lr = 0., math.inf, lrs[0]
+    for lr, loss in zip(lrs, losses):
+        if not math.isfinite(loss): break
+        avg = beta * avg + (1 - beta) * loss
+        if avg < best: best, best_lr = avg, lr
+    return best_lr / 10
 
 def next_scale(scale, overflow, noskip, max_noskip):
     if overflow: return scale / 2, 0
@@ -207,6 +228,17 @@ def stopping_epoch_from_one(losses, patience):
 
 
 CHECKS = [
+    (check_resume_start, resume_start, [
+        (lambda saved, epochs: saved, 'trains the saved epoch again'),
+        (lambda saved, epochs: saved + 1, r'resume_start\(5, 3\) is 6, after the end of a 3-epoch fit'),
+        (lambda saved, epochs: min(saved + 2, epochs), r'resume_start\(1, 4\) is 3, should be 2\. Hint'),
+        (lambda saved, epochs: float(min(saved + 1, epochs)), 'should return ints')]),
+    (check_suggest_lr, suggest, [
+        (lambda lrs, losses: suggest(lrs, losses) * 10, 'suggest a tenth of it'),
+        (lambda lrs, losses: lrs[min(range(len(lrs)), key=lambda i: losses[i])] / 10, 'smooth the losses first'),
+        (suggest_biased, 'without debiasing'),
+        (lambda lrs, losses: suggest(lrs, losses, beta=0.5), r'on the first curve, should be .*\. Hint'),
+        (lambda lrs, losses: str(lrs[0]), 'should return numbers')]),
     (check_next_scale, next_scale, [
         (lambda scale, overflow, noskip, m: (scale * 2, 0) if overflow else next_scale(scale, overflow, noskip, m), 'halve it'),
         (lambda scale, overflow, noskip, m: (scale / 2, noskip) if overflow else next_scale(scale, overflow, noskip, m),
@@ -248,7 +280,7 @@ CHECKS = [
     (check_one_hot, one_hot, [
         (lambda y, c: one_hot(y, c).T, r'has shape \(4, 5\): one row per label'),
         (lambda y, c: one_hot(y, c).long(), 'should be a float tensor'),
-        (lambda y, c: 1 - one_hot(y, c), 'row i is all zeros except a 1 in column y\[i\]'),
+        (lambda y, c: 1 - one_hot(y, c), r'row i is all zeros except a 1 in column y\[i\]'),
         (lambda y, c: y.float(), r'has shape \(5,\), but should have shape \(5, 4\)')]),
     (check_sigmoid_backward, sigmoid_backward, [
         (lambda inp, g: torch.sigmoid(inp) * (1 - torch.sigmoid(inp)), 'the chain rule multiplies it by out_g'),
