@@ -38,7 +38,7 @@ __all__ = ['CHECKPOINT_VERSION', 'TerminateOnNaNCallback', 'suggest_lr', 'Checkp
 Learner.display = 'auto'  # ProgressCallback's display: 'auto', 'notebook', 'console', 'text' or 'off'
 Learner.run = None  # the Runner of the last fit
 Learner.rank, Learner.world_size = 0, 1  # this process's place in data-parallel training (notebook 12 sets them)
-Learner.terminate_on_nan = True  # stop a fit at a training loss that is not finite (see Making it robust)
+Learner.terminate_on_nan = True  # stop a fit at a training loss that is not finite (TerminateOnNaNCallback)
 
 @patch(as_prop=True)
 def recorder(self: Learner) -> Recorder | None:
