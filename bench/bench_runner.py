@@ -1,6 +1,7 @@
 """One epoch of `Runner().fit` (default callbacks) against the same loop written by hand: same model,
 data and batches (MLP 784-50-10, bs 64, 20,000 training samples, validation on the test split).
-Target: ratio at most 1.05. Also times the bare event dispatch per batch."""
+Target: ratio at most 1.05. Also times the bare event dispatch per batch, and what the Learner's check for
+a non-finite loss (TerminateOnNaNCallback) adds to each batch."""
 import time
 
 import torch
@@ -9,6 +10,7 @@ from torch import nn
 
 from common import fashion_or_random, median_times, report
 from exp.callbacks import DataBunch, Learner, Runner
+from exp.learner import TerminateOnNaNCallback
 from exp.minibatch import DataLoader, Dataset, Sampler
 from exp.optimizers import SGD
 
@@ -28,8 +30,11 @@ def new_model():
     return nn.Sequential(nn.Linear(784, 50), nn.ReLU(), nn.Linear(50, 10))
 
 
-def with_runner():
-    Runner().fit(1, Learner(DataBunch(*loaders(), c=10), new_model(), F.cross_entropy, SGD, lr=lr))
+def with_runner(cbs=()):
+    Runner(cbs=list(cbs)).fit(1, Learner(DataBunch(*loaders(), c=10), new_model(), F.cross_entropy, SGD, lr=lr))
+
+
+def with_runner_and_nan_check(): with_runner([TerminateOnNaNCallback()])
 
 
 def by_hand():
@@ -49,10 +54,11 @@ def by_hand():
 
 report('data', f'{data_name}, first 20000')
 report('torch_threads', torch.get_num_threads())
-t_run, t_hand = median_times(with_runner, by_hand, repeats=11)
+t_run, t_check, t_hand = median_times(with_runner, with_runner_and_nan_check, by_hand, repeats=11)
 report('runner_epoch_s', t_run)
 report('hand_written_epoch_s', t_hand)
 report('runner_vs_hand_ratio', t_run / t_hand, '.3f')
+report('runner_with_nan_check_vs_hand_ratio', t_check / t_hand, '.3f')
 
 # the dispatch alone: six events per training batch through the handler table, no model
 run = Runner()
@@ -64,3 +70,14 @@ t0 = time.perf_counter()
 for _ in range(n):
     for e in events: run(e)
 report('dispatch_us_per_batch', (time.perf_counter() - t0) / n * 1e6, '.2f')
+
+# the non-finite-loss check alone, on the CPU: its after_loss handler on a training batch's loss
+check = Runner(cbs=[TerminateOnNaNCallback()])
+check.learn = Learner(DataBunch(*loaders(), c=10), new_model(), F.cross_entropy, SGD, lr=lr)
+check.in_train, check.loss = True, F.cross_entropy(new_model()(x[:bs]), y[:bs])
+cb = check.terminate_on_nan
+cb.begin_fit()
+cb.begin_epoch()
+t0 = time.perf_counter()
+for _ in range(n): cb.after_loss()
+report('nan_check_us_per_batch', (time.perf_counter() - t0) / n * 1e6, '.2f')

@@ -17,6 +17,7 @@ TIMEFORMAT='wall %R s'
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu.txt"
 python3 -m pytest -q -p no:cacheprovider -rs tests/test_fp16.py tests/test_cnn.py tests/test_distributed.py 2>&1 | tee "$out/tests.txt" || status=1
+python3 -m pytest -q -p no:cacheprovider -rs tests/test_learner.py -k 'on_a_gpu' 2>&1 | tee "$out/tests_learner.txt" || status=1
 python3 -m pytest -q -p no:cacheprovider -rs tests/test_notebooks.py -k '08_cnn or 09_fp16 or 12_distributed' 2>&1 | tee "$out/notebooks.txt" || status=1
 python3 bench/fp16_gpu.py 2>&1 | tee "$out/fp16_gpu.txt" || status=1
 # the trainer on the GPU: --fp16 auto must pick fp16 there; then the same under torchrun (NCCL, one process per GPU)

@@ -5,10 +5,13 @@
 # %% ../nbs/04_callbacks.ipynb #82c9a9c6
 from __future__ import annotations
 
+import copy
 import difflib
+import math
 import re
 import time
 from functools import partial
+from numbers import Real
 from typing import Callable, Iterable, Sequence
 
 import torch
@@ -22,7 +25,7 @@ from .optimizers import SGD
 __all__ = ['EVENTS', 'DataBunch', 'Learner', 'get_model', 'get_model_func', 'create_learner', 'camel2snake', 'Callback',
            'check_events', 'CancelStepException', 'CancelBatchException', 'CancelEpochException',
            'CancelTrainException', 'TrainEvalCallback', 'sort_callbacks', 'print_row', 'Runner', 'AvgStats',
-           'AvgStatsCallback', 'callback_states', 'load_callback_states']
+           'AvgStatsCallback', 'callback_states', 'check_callback_states', 'load_callback_states', 'NonFiniteError']
 
 # %% ../nbs/04_callbacks.ipynb #a7d89a51
 def _dataset(dl, name: str):
@@ -51,13 +54,20 @@ class DataBunch:
         "The state of the loaders' shuffling: each sampler's generator, for a checkpoint."
         return {'samplers': [g.get_state() if isinstance(g, torch.Generator) else None for g in self._generators()]}
 
-    def load_state_dict(self, state: dict) -> None:
-        "Put back the shuffling that `state_dict` saved."
+    def check_state_dict(self, state: dict) -> list[tuple[torch.Generator, torch.Tensor]]:
+        "Raise ValueError unless `state` fits these loaders (each sampler's state is tried on a spare generator); the pairs to set."
         samplers = state.get('samplers') if isinstance(state, dict) else None
         if not isinstance(samplers, list) or len(samplers) != 2:
             raise ValueError(f"a DataBunch state holds 'samplers', one state (or None) per loader; got {state!r}")
-        for g, s in zip(self._generators(), samplers):
-            if isinstance(g, torch.Generator) and s is not None: g.set_state(s)
+        pairs = [(g, s) for g, s in zip(self._generators(), samplers) if isinstance(g, torch.Generator) and s is not None]
+        for g, s in pairs:
+            try: torch.Generator(g.device).set_state(s)
+            except (TypeError, RuntimeError) as e: raise ValueError(f"a sampler's state does not fit its generator ({e})") from None
+        return pairs
+
+    def load_state_dict(self, state: dict) -> None:
+        "Put back the shuffling that `state_dict` saved: every sampler's, or none if one does not fit."
+        for g, s in self.check_state_dict(state): g.set_state(s)
 
 def _make_cbs(cbs: Sequence['Callback'] | None, cb_funcs: Sequence[Callable] | None) -> list['Callback']:  # quoted: Callback is defined further down
     "The callbacks `cbs`, then one made by calling each of `cb_funcs` (a class, a partial)."
@@ -72,7 +82,8 @@ class Learner:
                  opt_func: Callable = SGD, lr: float = 0.1, metrics: Sequence[Callable] | None = None,
                  cbs: Sequence['Callback'] | None = None, cb_funcs: Sequence[Callable] | None = None):
         if not isinstance(model, nn.Module): raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-        if not lr > 0: raise ValueError(f"lr must be > 0, got {lr}")
+        if isinstance(lr, bool) or not isinstance(lr, Real) or not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
         self.data, self.model, self.loss_func, self.opt_func, self.lr = data, model, loss_func, opt_func, lr
         self.metrics, self.cbs, self._opt = listify(metrics), _make_cbs(cbs, cb_funcs), None
 
@@ -141,7 +152,7 @@ class Callback:
         return {}
 
     def load_state_dict(self, state: dict) -> None:
-        "Take back a state that `state_dict` gave; a callback without state accepts only an empty one."
+        "Take back a state that `state_dict` gave (check all of it, then assign); a callback without state accepts only an empty one."
         if state: raise ValueError(f"{type(self).__name__} keeps no checkpoint state, got one with keys {sorted(state)}")
 
 def check_events(cb: Callback) -> None:
@@ -322,22 +333,35 @@ class Runner:
         self.epochs, self.start_epoch, self.learn, self.loss = epochs, start_epoch, learn, torch.tensor(0.)
         logger = self.logger  # callbacks may replace the logger for this fit; it is put back when the fit ends
         try:
-            self('begin_fit')
-            if cb_states is not None: load_callback_states(self.cbs, cb_states)  # after begin_fit has reset them
-            for epoch in range(start_epoch, epochs):
-                self.epoch = epoch
-                try:
-                    self('begin_epoch')
-                    self.all_batches(self.data.train_dl)
-                    with torch.no_grad():
-                        self('begin_validate')
-                        self.all_batches(self.data.valid_dl)
-                except CancelEpochException: self('after_cancel_epoch')
-                self('after_epoch')
-        except CancelTrainException: self('after_cancel_train')
-        finally:
-            try: self('after_fit')
-            finally: self.logger = logger
+            try:
+                self('begin_fit')
+                if cb_states is not None: load_callback_states(self.cbs, cb_states)  # after begin_fit has reset them
+                for epoch in range(start_epoch, epochs):
+                    self.epoch = epoch
+                    try:
+                        self('begin_epoch')
+                        self.all_batches(self.data.train_dl)
+                        with torch.no_grad():
+                            self('begin_validate')
+                            self.all_batches(self.data.valid_dl)
+                    except CancelEpochException: self('after_cancel_epoch')
+                    self('after_epoch')
+            except CancelTrainException: self('after_cancel_train')
+        except BaseException as e:
+            self._after_fit(e)  # the teardown runs in full, then the error that stopped the fit goes on
+            raise
+        else: self._after_fit()
+        finally: self.logger = logger
+
+    def _after_fit(self, error: BaseException | None = None) -> None:
+        "Run every after_fit handler, even when one raises; then raise the first error (unless the fit's own `error` goes on)."
+        first = None
+        for handler in self._table['after_fit']:
+            try: handler()
+            except BaseException as e:
+                if error is None and first is None: first = e
+                else: (error or first).add_note(f"then {type(handler.__self__).__name__}.after_fit raised {type(e).__name__}: {e}")
+        if first is not None: raise first
 
 # %% ../nbs/04_callbacks.ipynb #76e64f2d
 class AvgStats:
@@ -427,8 +451,18 @@ def callback_states(cbs: Iterable[Callback]) -> dict[str, dict]:
     "The checkpoint state of each callback of `cbs` that has one, under its name."
     return {key: state for key, cb in _keyed(cbs) if (state := cb.state_dict())}
 
-def load_callback_states(cbs: Iterable[Callback], states: dict[str, dict]) -> None:
-    "Give each callback of `cbs` its state from `states` (made by `callback_states`); states for others are left alone."
+def check_callback_states(cbs: Iterable[Callback], states: dict[str, dict]) -> list[tuple[Callback, dict]]:
+    "Raise unless each state in `states` fits its callback of `cbs` (tried on a copy of it); the pairs to load."
     if not isinstance(states, dict): raise TypeError(f"states must be a dict (from callback_states), got {type(states).__name__}")
-    for key, cb in _keyed(cbs):
-        if key in states: cb.load_state_dict(states[key])
+    pairs = [(cb, states[key]) for key, cb in _keyed(cbs) if key in states]  # states for other callbacks are left alone
+    for cb, state in pairs: copy.copy(cb).load_state_dict(state)  # a dry run: the copy's attributes are assigned, not cb's
+    return pairs
+
+def load_callback_states(cbs: Iterable[Callback], states: dict[str, dict]) -> None:
+    "Give each callback of `cbs` its state from `states` (made by `callback_states`): all of them, or none if one does not fit."
+    for cb, state in check_callback_states(cbs, states): cb.load_state_dict(state)
+
+# %% ../nbs/04_callbacks.ipynb #87ee8240
+class NonFiniteError(ArithmeticError):
+    "Training stopped: the loss or the gradients are no longer finite numbers (the message names the epoch and batch)."
+

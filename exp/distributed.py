@@ -36,7 +36,7 @@ class ShardedSampler:
     "Batches of `bs` indices from this rank's shard of `ds`: ranks get disjoint, equal parts of each epoch's permutation."
     def __init__(self, ds: Sequence, bs: int, num_replicas: int, rank: int, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, even: bool = True):
-        if not isinstance(bs, int) or bs <= 0: raise ValueError(f"bs must be a positive int, got {bs!r}")
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0: raise ValueError(f"bs must be a positive int, got {bs!r}")
         if not isinstance(num_replicas, int) or num_replicas <= 0:
             raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}")
         if not isinstance(rank, int) or not 0 <= rank < num_replicas:

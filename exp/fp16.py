@@ -5,12 +5,15 @@
 # %% ../nbs/09_fp16.ipynb #a2398d0f
 from __future__ import annotations
 
+import math
+from numbers import Real
+
 import torch
 from torch import Tensor, nn
 
 from .anneal import Recorder
 from .batchnorm import GroupNorm, LayerNorm
-from .callbacks import AvgStatsCallback, Callback, CancelStepException, Learner
+from .callbacks import AvgStatsCallback, Callback, CancelStepException, CancelTrainException, Learner, NonFiniteError
 from .cnn import DeviceCallback
 from .early_stopping import LRFinder, opt_state
 
@@ -100,6 +103,16 @@ def grad_overflow(param_groups: list[list[Tensor]]) -> bool:
     return bool(sums) and not bool(torch.stack(sums).isfinite().all())
 
 # %% ../nbs/09_fp16.ipynb #3a300504
+_FP16_TINY = 2.**-24  # float16's smallest positive number (a subnormal)
+
+def _check_scale(name: str, value) -> None:
+    "Raise unless `value` is a finite number that float16 can hold above 0 (else every scaled gradient would be 0)."
+    if isinstance(value, bool) or not isinstance(value, Real) or not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    if value < _FP16_TINY:
+        raise ValueError(f"{name}={value:g} is too small for float16, whose smallest positive number is 2**-24 "
+                         f"({_FP16_TINY:.3g}): every scaled gradient would round to 0")
+
 class MixedPrecision(Callback):
     "Train in half precision with fp32 master weights and (dynamic) loss scaling; bf16 needs no scaling."
     _order = 99  # late: every other callback sees the true loss, and we see every change to the gradients
@@ -107,17 +120,19 @@ class MixedPrecision(Callback):
 
     def __init__(self, loss_scale: float | None = None, max_noskip: int = 1000, dynamic: bool = True,
                  clip: float | None = None, flat_master: bool = False, max_scale: float = 2.**24,
-                 loss_fp32: bool = True, dtype: torch.dtype = torch.float16):
+                 loss_fp32: bool = True, dtype: torch.dtype = torch.float16, min_scale: float = 1.):
         if dtype not in (torch.float16, torch.bfloat16): raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
         if not isinstance(max_noskip, int) or max_noskip < 1: raise ValueError(f"max_noskip must be an int >= 1, got {max_noskip!r}")
         if clip is not None and not clip > 0: raise ValueError(f"clip must be > 0 or None, got {clip}")
         if not isinstance(loss_fp32, bool): raise TypeError(f"loss_fp32 must be True or False, got {loss_fp32!r}")
-        if dtype == torch.bfloat16: loss_scale, dynamic = 1., False  # bf16 has fp32's range: nothing to scale
+        if dtype == torch.bfloat16: loss_scale, dynamic, min_scale = 1., False, 1.  # bf16 has fp32's range: nothing to scale
         if loss_scale is None: loss_scale = 2.**16 if dynamic else 512.
-        if not loss_scale > 0 or not max_scale >= loss_scale:
-            raise ValueError(f"need 0 < loss_scale <= max_scale, got loss_scale={loss_scale}, max_scale={max_scale}")
+        for name, value in (('loss_scale', loss_scale), ('min_scale', min_scale), ('max_scale', max_scale)): _check_scale(name, value)
+        if not min_scale <= loss_scale <= max_scale:
+            raise ValueError(f"need min_scale <= loss_scale <= max_scale, got {min_scale:g}, {loss_scale:g}, {max_scale:g}")
         self.loss_scale, self.max_noskip, self.dynamic, self.clip = float(loss_scale), max_noskip, dynamic, clip
         self.flat_master, self.max_scale, self.loss_fp32, self.dtype = flat_master, float(max_scale), loss_fp32, dtype
+        self.min_scale = float(min_scale)
         self.noskip, self.skipped, self.model_pgs, self.master_pgs = 0, 0, None, None
 
     def begin_fit(self):
@@ -144,7 +159,8 @@ class MixedPrecision(Callback):
         self.run.loss = self.unscaled_loss  # later callbacks (Recorder) see the true loss
         to_master_grads(self.model_pgs, self.master_pgs, self.flat_master)
         if self.dynamic and grad_overflow(self.master_pgs):
-            self.loss_scale /= 2
+            if self.loss_scale <= self.min_scale: self._at_the_floor()
+            self.loss_scale = max(self.loss_scale / 2, self.min_scale)
             self.noskip = 0
             self.skipped += 1
             for pg in self.master_pgs:
@@ -164,6 +180,14 @@ class MixedPrecision(Callback):
     def after_step(self):
         to_model_params(self.model_pgs, self.master_pgs, self.flat_master)
         self._zero_model_grads()
+
+    def _at_the_floor(self):
+        "Gradients overflow even at the lowest loss scale: no scale can help. Stop the fit (an LR finder's just ends)."
+        if self.run.find(LRFinder) is not None: raise CancelTrainException()  # divergence is what it looks for
+        batch = self.n_iter - self.epoch * self.iters
+        raise NonFiniteError(f"the gradients are not finite at epoch {self.epoch}, batch {batch}, with the loss scale at "
+                             f"its floor (min_scale={self.min_scale:g}; {self.skipped} steps skipped in all): a nan or "
+                             "inf in the data, or a model that diverged (a smaller lr?)")
 
     def _zero_model_grads(self):
         for pg in self.model_pgs:
@@ -185,8 +209,8 @@ class MixedPrecision(Callback):
         "Take back the loss scaler of a checkpoint."
         scale, noskip, skipped = (state.get(k) for k in ('loss_scale', 'noskip', 'skipped')) if isinstance(state, dict) else [None] * 3
         counts = all(isinstance(n, int) and n >= 0 for n in (noskip, skipped))
-        if not (isinstance(scale, (int, float)) and 0 < scale <= self.max_scale and counts):
-            raise ValueError(f"a MixedPrecision state holds 'loss_scale' (in (0, max_scale={self.max_scale:g}]), 'noskip' and "
+        if not (isinstance(scale, (int, float)) and self.min_scale <= scale <= self.max_scale and counts):
+            raise ValueError(f"a MixedPrecision state holds 'loss_scale' (in [{self.min_scale:g}, {self.max_scale:g}]), 'noskip' and "
                              f"'skipped' (ints >= 0); got {state!r}")
         self.loss_scale, self.noskip, self.skipped = float(scale), noskip, skipped
 
@@ -206,10 +230,11 @@ class MixedPrecision(Callback):
         return model_state, opt_state_dict
 
 def to_fp16(learn: Learner, loss_scale: float | None = None, max_noskip: int = 1000, dynamic: bool = True,
-            clip: float | None = None, flat_master: bool = False, max_scale: float = 2.**24, loss_fp32: bool = True) -> Learner:
-    "Add a `MixedPrecision` callback (fp16) to `learn`; returns `learn`. The arguments are fastai v1's."
+            clip: float | None = None, flat_master: bool = False, max_scale: float = 2.**24, loss_fp32: bool = True,
+            min_scale: float = 1.) -> Learner:
+    "Add a `MixedPrecision` callback (fp16) to `learn`; returns `learn`. The arguments are fastai v1's, and `min_scale`."
     learn.cbs = [cb for cb in learn.cbs if not isinstance(cb, MixedPrecision)]
-    learn.cbs.append(MixedPrecision(loss_scale, max_noskip, dynamic, clip, flat_master, max_scale, loss_fp32))
+    learn.cbs.append(MixedPrecision(loss_scale, max_noskip, dynamic, clip, flat_master, max_scale, loss_fp32, min_scale=min_scale))
     return learn
 
 def to_bf16(learn: Learner, clip: float | None = None, flat_master: bool = False) -> Learner:

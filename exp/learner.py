@@ -5,12 +5,13 @@
 # %% ../nbs/10_learner.ipynb #fedbc012
 from __future__ import annotations
 
+import hashlib
 import io
 import math
 import os
 import pickle
 import random
-import sys
+import zipfile
 from numbers import Real
 from pathlib import Path
 from typing import Sequence
@@ -20,7 +21,8 @@ import torch
 from fastcore.basics import listify, patch
 
 from .anneal import Recorder, sched_1cycle
-from .callbacks import AvgStatsCallback, Callback, DataBunch, Learner, Runner, callback_states, load_callback_states
+from .callbacks import (AvgStatsCallback, Callback, DataBunch, Learner, NonFiniteError, Runner, callback_states,
+                           check_callback_states, load_callback_states)
 from .data import atomic_write
 from .early_stopping import EarlyStopping, LRFinder, TrackerCallback, load_opt_state, opt_state
 from . import fp16
@@ -28,12 +30,13 @@ from .fp16 import MixedPrecision
 from .progress import ProgressCallback
 
 # %% auto #0
-__all__ = ['CHECKPOINT_VERSION', 'suggest_lr', 'SaveModelCallback']
+__all__ = ['CHECKPOINT_VERSION', 'TerminateOnNaNCallback', 'suggest_lr', 'CheckpointMismatch', 'SaveModelCallback']
 
 # %% ../nbs/10_learner.ipynb #196e6b60
 Learner.display = 'auto'  # ProgressCallback's display: 'auto', 'notebook', 'console', 'text' or 'off'
 Learner.run = None  # the Runner of the last fit
 Learner.rank, Learner.world_size = 0, 1  # this process's place in data-parallel training (notebook 12 sets them)
+Learner.terminate_on_nan = True  # stop a fit at a training loss that is not finite (see Making it robust)
 
 @patch(as_prop=True)
 def recorder(self: Learner) -> Recorder | None:
@@ -49,14 +52,49 @@ def fit(self: Learner, epochs: int, cbs: Sequence[Callback] | None = None, resum
         if state['epoch'] is None: raise ValueError(f"resume={str(resume)!r} was not saved during a fit: it has no epoch to resume after")
         # the table, the plots and the trackers' bests go on from the checkpoint's
         start_epoch, cb_states = min(state['epoch'] + 1, epochs), state['callbacks']
-    self.run = Runner(cbs=[Recorder(), ProgressCallback(self.display), *listify(cbs)])
+    watch = [TerminateOnNaNCallback()] if self.terminate_on_nan else []
+    self.run = Runner(cbs=[Recorder(), ProgressCallback(self.display), *watch, *listify(cbs)])
     try: self.run.fit(epochs, self, start_epoch=start_epoch, cb_states=cb_states)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         saver = self.run.find(SaveModelCallback)
         where = f"the last checkpoint is {saver.last_saved}" if saver and saver.last_saved else "no checkpoint was written"
-        print(f"Interrupted during epoch {self.run.epoch}: the model is usable (fp32, callbacks done); {where}.", file=sys.stderr)
+        e.add_note(f"Interrupted during epoch {self.run.epoch}: the model is usable (fp32, callbacks done); {where}.")
         raise
     return self.run
+
+class TerminateOnNaNCallback(Callback):
+    "Stop the fit with a NonFiniteError at the first training loss that is nan or inf, naming its epoch and batch."
+    name = 'terminate_on_nan'
+    run_before = (MixedPrecision,)  # the loss before it is scaled
+
+    def begin_fit(self):
+        mp = self.run.find(MixedPrecision)
+        # the LR finder stops at a non-finite loss itself; dynamic loss scaling skips such a step, and has a floor
+        self.active = self.run.find(LRFinder) is None and not (mp is not None and mp.dynamic)
+        self.kept = []
+
+    def begin_epoch(self): self.batch, self.kept = 0, []
+
+    def after_loss(self):
+        if not (self.active and self.run.in_train): return
+        loss = self.run.loss.detach()
+        if loss.device.type == 'cpu':  # reading it costs a microsecond: check now, before the step uses it
+            if not math.isfinite(loss.item()): self._stop(self.batch, loss.item())
+        else: self.kept.append(loss)  # reading it would wait for the device: check the epoch's losses together
+        self.batch += 1
+
+    def begin_validate(self): self._check_kept()
+    def after_epoch(self): self._check_kept()  # in case validation did not run
+
+    def _check_kept(self):
+        if not self.kept: return
+        losses, self.kept = torch.stack(self.kept).float(), []
+        bad = (~losses.isfinite()).nonzero()
+        if len(bad): self._stop(int(bad[0]), float(losses[bad[0]]))
+
+    def _stop(self, batch: int, loss: float):
+        raise NonFiniteError(f"the training loss is {loss} at epoch {self.epoch}, batch {batch}: training stopped "
+                             "(learn.terminate_on_nan = False trains on)")
 
 def _momentum_param(opt) -> tuple[str | None, int | None]:
     "The name (and tuple index) of the momentum hyperparameter of `opt`'s param groups: SGD's, Adam's first beta, or none."
@@ -90,10 +128,11 @@ def fit_one_cycle(self: Learner, cyc_len: int, max_lr: float | Sequence[float] |
 # %% ../nbs/10_learner.ipynb #d43e32b5
 @patch
 def to_fp16(self: Learner, loss_scale: float | None = None, max_noskip: int = 1000, dynamic: bool = True,
-            clip: float | None = None, flat_master: bool = False, max_scale: float = 2.**24, loss_fp32: bool = True) -> Learner:
-    "Train in mixed precision (fp16, dynamic loss scaling), with fastai v1's arguments; returns the learner."
+            clip: float | None = None, flat_master: bool = False, max_scale: float = 2.**24, loss_fp32: bool = True,
+            min_scale: float = 1.) -> Learner:
+    "Train in mixed precision (fp16, dynamic loss scaling), with fastai v1's arguments and a floor for the scale; returns the learner."
     # the module's function: within this method the name to_fp16 would be the method itself
-    return fp16.to_fp16(self, loss_scale, max_noskip, dynamic, clip, flat_master, max_scale, loss_fp32)
+    return fp16.to_fp16(self, loss_scale, max_noskip, dynamic, clip, flat_master, max_scale, loss_fp32, min_scale)
 
 @patch
 def to_bf16(self: Learner, clip: float | None = None, flat_master: bool = False) -> Learner:
@@ -162,20 +201,25 @@ def _rng_state() -> dict:
             'python': random.getstate(),
             'numpy': {'key': torch.from_numpy(key.astype(np.int64)), 'pos': pos, 'has_gauss': has_gauss, 'gauss': gauss}}
 
-def _set_rng_state(state: dict) -> None:
-    "Restore what `_rng_state` captured."
-    torch.set_rng_state(state['torch'])
-    if state['cuda'] and torch.cuda.is_available(): torch.cuda.set_rng_state_all(state['cuda'])
+def _set_rng_state(state: dict, spare: bool = False) -> None:
+    "Restore what `_rng_state` captured; with `spare`, into new generators instead, to check that it fits them."
+    gens = (torch.Generator(), random.Random(), np.random.RandomState()) if spare else (torch.default_generator, random, np.random)
+    gens[0].set_state(state['torch'])
+    cuda = state['cuda'][:torch.cuda.device_count()] if torch.cuda.is_available() else []  # as many GPUs as are here
+    for i, s in enumerate(cuda):
+        if not spare: torch.cuda.set_rng_state(s, i)
+        elif not (isinstance(s, torch.Tensor) and s.shape == torch.cuda.get_rng_state(i).shape):
+            raise ValueError(f"the state of CUDA generator {i} is not one")
     version, internal, gauss = state['python']
-    random.setstate((version, tuple(internal), gauss))
+    gens[1].setstate((version, tuple(internal), gauss))
     n = state['numpy']
-    np.random.set_state(('MT19937', n['key'].numpy().astype(np.uint32), n['pos'], n['has_gauss'], n['gauss']))
+    gens[2].set_state(('MT19937', n['key'].numpy().astype(np.uint32), n['pos'], n['has_gauss'], n['gauss']))
 
 def _atomic_save(obj, path: Path) -> None:
-    "torch.save `obj` to `path` through exp.data's atomic write (temporary file, fsync, rename)."
+    "torch.save `obj` to `path` through exp.data's atomic write (temporary file, fsync, rename), its digest included."
     buffer = io.BytesIO()
     torch.save(obj, buffer)
-    atomic_write(path, buffer.getvalue())
+    atomic_write(path, _with_digest(buffer.getvalue()))
 
 # %% ../nbs/10_learner.ipynb #8d40e1e7
 def _checkpoint_cbs(learn: Learner) -> list[Callback]:
@@ -183,6 +227,10 @@ def _checkpoint_cbs(learn: Learner) -> list[Callback]:
     run = learn.run
     if run is None or run.learn is not learn: return learn.cbs
     return run.cbs + [cb for cb in learn.cbs if cb not in run.cbs]
+
+def _class_name(obj) -> str:
+    "The class of `obj`, with its module: `torch.optim.sgd.SGD`."
+    return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 @patch
 def save(self: Learner, path: str | os.PathLike) -> Path:
@@ -194,7 +242,7 @@ def save(self: Learner, path: str | os.PathLike) -> Path:
     mp = run.find(MixedPrecision) if in_fit else None
     weights = mp.fp32_state() if mp is not None else None  # in a mixed-precision fit: the fp32 masters
     model_state, opt_state_dict = weights or (self.model.state_dict(), opt_state(self.opt))
-    state = {'version': CHECKPOINT_VERSION, 'model': model_state, 'opt': opt_state_dict,
+    state = {'version': CHECKPOINT_VERSION, 'model': model_state, 'opt': opt_state_dict, 'opt_class': _class_name(self.opt),
              'epoch': run.epoch if in_fit else None, 'epochs': run.epochs if in_fit else None,
              'n_iter': run.n_iter if in_fit else None, 'rng': _rng_state(), 'data': self.data.state_dict(),
              'callbacks': callback_states(_checkpoint_cbs(self))}
@@ -213,7 +261,9 @@ def _from_version_1(state: dict) -> dict:
 def _read_checkpoint(path: Path) -> dict:
     "The checkpoint at `path` in this version's layout (an older one converted); anything else refused, saying why."
     if not path.is_file(): raise FileNotFoundError(f"no checkpoint at {path}")
-    try: state = torch.load(path, map_location='cpu', weights_only=True)
+    raw = path.read_bytes()
+    _check_bytes(raw, path)  # empty, cut short or changed since it was written: refused before it is read as weights
+    try: state = torch.load(io.BytesIO(raw), map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as e:
         raise ValueError(f"{path} is not a checkpoint this library wrote (refused to unpickle it: {e})") from None
     version = state.get('version') if isinstance(state, dict) else None
@@ -228,7 +278,9 @@ def _read_checkpoint(path: Path) -> dict:
 @patch
 def load(self: Learner, path: str | os.PathLike) -> dict:
     "Load the checkpoint at `path` into this learner (model, optimizer, RNG states, data, its callbacks); returns the checkpoint."
-    state = _read_checkpoint(Path(path))
+    path = Path(path)
+    state = _read_checkpoint(path)
+    _check_fits(self, state, path)  # every piece, before any is loaded: a checkpoint that does not fit changes nothing
     device = next(self.model.parameters()).device
     self.model.float()
     self.model.load_state_dict(state['model'])
@@ -239,6 +291,82 @@ def load(self: Learner, path: str | os.PathLike) -> dict:
     self.data.load_state_dict(state['data'])
     return state
 
+# %% ../nbs/10_learner.ipynb #034ed3cf
+_END = b'PK\x05\x06'  # the signature of a zip archive's end record: 22 bytes, the last two the length of its comment
+_DIGEST_TAG = b'exp-sha256:'
+_COMMENT = len(_DIGEST_TAG) + 64  # our comment: the tag and the hex digest
+
+def _with_digest(archive: bytes) -> bytes:
+    "The zip `archive` torch.save wrote (it has no comment), with the sha256 of all its bytes before the comment as its comment."
+    if archive[-22:-18] != _END or archive[-2:] != b'\x00\x00': raise ValueError("expected a zip archive without a comment")
+    body = archive[:-2]
+    return body + _COMMENT.to_bytes(2, 'little') + _DIGEST_TAG + hashlib.sha256(body).hexdigest().encode()
+
+def _check_bytes(raw: bytes, path: Path) -> None:
+    "Refuse, naming `path`, a checkpoint that is empty, cut short, or changed in any byte since it was written."
+    if not raw: raise ValueError(f"{path} is empty (0 bytes): the checkpoint is truncated (a full disk? a copy that was cut?)")
+    n = _COMMENT
+    if raw[-22 - n:-18 - n] == _END and raw[-n - 2:-n] == n.to_bytes(2, 'little'):  # it ends with a digest
+        if raw[-n:] != _DIGEST_TAG + hashlib.sha256(raw[:-n - 2]).hexdigest().encode():
+            raise ValueError(f"{path} is damaged: its bytes changed after it was written (their sha256 is not the one it carries)")
+        return
+    if raw[-22:-18] != _END or raw[-2:] != b'\x00\x00':
+        raise ValueError(f"{path} is truncated or damaged: its {len(raw):,} bytes do not end as a checkpoint's do")
+    try:  # a checkpoint written before digests: the CRC of each part of the archive is the check
+        with zipfile.ZipFile(io.BytesIO(raw)) as z: bad = z.testzip()
+    except zipfile.BadZipFile as e: raise ValueError(f"{path} is damaged ({e})") from None
+    if bad is not None: raise ValueError(f"{path} is damaged: its part {bad} fails its CRC check")
+
+class CheckpointMismatch(ValueError):
+    "A checkpoint that does not fit this learner; `piece` says where: 'model', 'optimizer', 'rng', 'data' or 'callbacks'."
+    def __init__(self, path: Path, piece: str, why: str):
+        super().__init__(f"{path}: its {piece} state does not fit this learner: {why}")
+        self.piece = piece
+
+def _check_model(model: torch.nn.Module, saved: dict) -> None:
+    "Raise unless `saved` has the keys of `model`'s state dict, each a tensor of the same shape."
+    own = model.state_dict()
+    missing, extra = [k for k in own if k not in saved], [k for k in saved if k not in own]
+    if missing or extra: raise ValueError(f"the model has {missing} that the checkpoint lacks, the checkpoint {extra} that it lacks")
+    for k, v in own.items():
+        if not isinstance(saved[k], torch.Tensor) or saved[k].shape != v.shape:
+            raise ValueError(f"{k} is {tuple(getattr(saved[k], 'shape', ()))} in the checkpoint, {tuple(v.shape)} in the model")
+
+def _check_opt(opt, saved: dict, saved_class: str | None) -> None:
+    "Raise unless `saved` (from `opt_state`) fits `opt`: its class, its parameter groups, the shapes of its buffers."
+    mine = _class_name(opt)
+    if saved_class is not None and saved_class != mine:  # checkpoints of before the class was kept: no class to compare
+        raise ValueError(f"it comes from the optimizer {saved_class}, and this learner's is {mine}")
+    if ('hypers' in saved) == hasattr(opt, 'load_state_dict'):
+        raise ValueError(f"it holds {'no' if 'hypers' in saved else 'a'} state_dict, and this learner's optimizer, {mine}, "
+                         f"{'has one' if 'hypers' in saved else 'keeps none'}")
+    groups = saved['hypers'] if 'hypers' in saved else saved['param_groups']
+    if len(groups) != len(opt.param_groups):
+        raise ValueError(f"{len(groups)} parameter groups in the checkpoint, {len(opt.param_groups)} in the optimizer")
+    if 'hypers' in saved: return
+    param = {}
+    for i, (g, own) in enumerate(zip(groups, opt.param_groups)):
+        if len(g['params']) != len(own['params']):
+            raise ValueError(f"group {i} has {len(g['params'])} parameters in the checkpoint, {len(own['params'])} in the optimizer")
+        param.update(zip(g['params'], own['params']))
+    for pid, st in saved['state'].items():
+        if pid not in param: raise ValueError(f"state for parameter {pid}, which no group of the checkpoint holds")
+        for k, v in st.items():
+            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape != param[pid].shape:
+                raise ValueError(f"{k} of parameter {pid} is {tuple(v.shape)}, the parameter {tuple(param[pid].shape)}")
+
+def _check_fits(learn: Learner, state: dict, path: Path) -> None:
+    "Raise CheckpointMismatch unless every piece of checkpoint `state` fits `learn`; changes nothing."
+    checks = {'model': lambda: _check_model(learn.model, state['model']),
+              'optimizer': lambda: _check_opt(learn.opt, state['opt'], state.get('opt_class')),
+              'rng': lambda: _set_rng_state(state['rng'], spare=True),
+              'data': lambda: learn.data.check_state_dict(state['data']),
+              'callbacks': lambda: check_callback_states(learn.cbs, state['callbacks'])}
+    for piece, check in checks.items():
+        try: check()
+        except (ValueError, TypeError, RuntimeError, KeyError, IndexError, AttributeError) as e:
+            raise CheckpointMismatch(path, piece, ' '.join(str(e).split()) or type(e).__name__) from None
+
 # %% ../nbs/10_learner.ipynb #3d073549
 class SaveModelCallback(TrackerCallback):
     "Save a checkpoint to `path` after every epoch (`every='epoch'`), or when `monitor` improves by > `min_delta` (`'improvement'`)."
@@ -248,7 +376,7 @@ class SaveModelCallback(TrackerCallback):
                  min_delta: float = 0.):
         if every not in ('epoch', 'improvement'): raise ValueError(f"every must be 'epoch' or 'improvement', got {every!r}")
         super().__init__(monitor, min_delta, mode)
-        self.path, self.every, self.last_saved = Path(path), every, None
+        self.path, self.every, self.last_saved, self.saved_epoch = Path(path), every, None, None
 
     def begin_fit(self):
         if self.every == 'improvement': super().begin_fit()  # the monitor's column must exist; saving every epoch needs none
@@ -257,4 +385,4 @@ class SaveModelCallback(TrackerCallback):
         if self.every == 'improvement':
             super().after_epoch()
             if not self.new_best: return
-        self.last_saved = self.learn.save(self.path)
+        self.last_saved, self.saved_epoch = self.learn.save(self.path), self.epoch

@@ -85,7 +85,7 @@ class Dataset:
 class Sampler:
     "Batches of indices into `ds`: in order, or a fresh seeded permutation every epoch if `shuffle`."
     def __init__(self, ds: Sequence, bs: int, shuffle: bool = False, drop_last: bool = False, seed: int | None = None):
-        if not isinstance(bs, int) or bs <= 0: raise ValueError(f"bs must be a positive int, got {bs!r}")
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0: raise ValueError(f"bs must be a positive int, got {bs!r}")  # True is an int to Python
         if len(ds) == 0: raise ValueError("ds is empty: nothing to sample")
         self.n, self.bs, self.shuffle, self.drop_last = len(ds), bs, shuffle, drop_last
         if seed is None: seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))

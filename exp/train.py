@@ -10,30 +10,40 @@ import csv
 import json
 import math
 import os
+import shlex
 import shutil
+import signal
+import socket
 import sys
 import tempfile
+import traceback
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from functools import partial
 from numbers import Real
 from pathlib import Path
+from typing import Iterator
 
 import torch
-from fastcore.script import Param, call_parse
 from torch import nn
 
 from .callbacks import DataBunch, Learner
 from .cnn import DeviceCallback, Lambda, default_device, flatten, get_cnn_model, simple_cnn
-from .data import DATASETS, KNOWN_DATA, DownloadError, get_data, normalize, set_seed
-from .learner import SaveModelCallback
+from .data import (DATASETS, KNOWN_DATA, MAX_SEED, CommandLine, DownloadError, atomic_write, cli_error, get_data,
+                      normalize, python_command, remove_stale_parts, set_seed)
+from .learner import CheckpointMismatch, SaveModelCallback
 from .loss import accuracy
 from .minibatch import Dataset, get_dls
 from .optimizers import SGD
 
+try: import fcntl  # the claim on a run folder is a lock (flock) that the system drops when the process dies
+except ImportError: fcntl = None  # Windows: msvcrt's locking instead
+
 # %% auto #0
-__all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'ONE_CYCLE', 'CHECKPOINT', 'TrainConfig', 'check_config', 'load_databunch',
-           'build_model', 'resolve_fp16', 'build_learner', 'check_out', 'Trainer', 'main']
+__all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'ONE_CYCLE', 'CHECKPOINT', 'RUN_OPTIONS', 'MAX_CLASSES', 'PARTIAL', 'TRACEBACK',
+           'TrainConfig', 'check_config', 'load_databunch', 'build_model', 'resolve_fp16', 'build_learner',
+           'partial_folder', 'check_out', 'RunFolderError', 'RunClaim', 'claim_run_folder', 'find_run',
+           'read_run_config', 'resumed_config', 'Stopped', 'Trainer', 'make_parser', 'main']
 
 # %% ../nbs/11_train.ipynb #3a673a38
 ARCHS = ('mlp', 'cnn', 'simple_cnn')
@@ -55,18 +65,21 @@ class TrainConfig:
     fp16: str = 'auto'  # one of FP16_MODES
     seed: int = 42
     out: str | None = None  # None: runs/<timestamp>
-    resume: str | None = None  # a checkpoint, or a run folder holding one
+    resume: str | None = None  # an unfinished run: its folder, or the checkpoint in it
+
+RUN_OPTIONS = ('data', 'arch', 'epochs', 'bs', 'lr', 'one_cycle', 'fp16', 'seed')  # what a resumed run may not change
 
 # %% ../nbs/11_train.ipynb #710d367f
 def _flag(name: str) -> str:
     "The command-line spelling of option `name`: `lr_find` -> `--lr-find`."
     return '--' + name.replace('_', '-')
 
-def _count(name: str, value, minimum: int) -> int:
-    "`value` as an int if it is a whole number >= `minimum`; else raise naming the option."
+def _count(name: str, value, minimum: int, maximum: int | None = None) -> int:
+    "`value` as an int if it is a whole number from `minimum` to `maximum`; else raise naming the option."
     if isinstance(value, bool) or not isinstance(value, Real) or not float(value).is_integer():
         raise ValueError(f"{_flag(name)} must be a whole number, got {value!r}")
     if value < minimum: raise ValueError(f"{_flag(name)} must be >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum: raise ValueError(f"{_flag(name)} must be <= {maximum}, got {value!r}")
     return int(value)
 
 def _path_str(name: str, value) -> str | None:
@@ -99,24 +112,32 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
     resume = _path_str('resume', cfg.resume)
     if lr_find and lr is not None: raise ValueError(f"give --lr or --lr-find, not both (got --lr {lr:g} and --lr-find)")
     if lr_find and resume is not None:
-        raise ValueError("--lr-find cannot continue a run: give --resume the --lr of the run it continues (in its config.json)")
-    if resume is not None:
-        if Path(resume).is_dir(): resume = str(Path(resume) / CHECKPOINT)
-        if not Path(resume).is_file(): raise ValueError(f"--resume {cfg.resume}: no such checkpoint file")
+        raise ValueError("--lr-find cannot continue a run: a resumed run trains at the lr it started with (in its config.json)")
     return TrainConfig(data=data, arch=cfg.arch, epochs=_count('epochs', cfg.epochs, 1), bs=_count('bs', cfg.bs, 1),
-                       lr=lr, lr_find=lr_find, one_cycle=one_cycle, fp16=cfg.fp16, seed=_count('seed', cfg.seed, 0),
-                       out=_path_str('out', cfg.out), resume=resume)
+                       lr=lr, lr_find=lr_find, one_cycle=one_cycle, fp16=cfg.fp16,
+                       seed=_count('seed', cfg.seed, 0, MAX_SEED), out=_path_str('out', cfg.out), resume=resume)
 
 # %% ../nbs/11_train.ipynb #fd683068
+MAX_CLASSES = 10_000  # a label above this is a damaged file, not a class: the model would need that many outputs
+
 def load_databunch(data: str = 'mnist5k', bs: int = 32) -> DataBunch:
-    "Data set `data` (a name or a folder of IDX files) as normalised `(1, H, W)` images in a DataBunch, `c` classes."
-    x_train, y_train, x_valid, y_valid = get_data(data) if data in KNOWN_DATA else get_data(path=data)
-    side = math.isqrt(x_train.shape[1])
-    if side * side != x_train.shape[1]: raise ValueError(f"--data {data}: images of {x_train.shape[1]} pixels are not square")
+    "Data set `data` (a name or a folder of IDX files) as normalised `(1, H, W)` images in a DataBunch of `c` classes; checked first."
+    x_train, y_train, x_valid, y_valid = get_data(data, flat=False) if data in KNOWN_DATA else get_data(path=data, flat=False)
+    where = f"--data {data}"
+    for split, x, y in (('train', x_train, y_train), ('valid', x_valid, y_valid)):
+        if len(x) == 0: raise ValueError(f"{where}: the {split} split is empty")
+        if y.min() < 0: raise ValueError(f"{where}: a {split} label is {int(y.min())}: labels are class numbers, from 0")
+    if x_train.shape[1:] != x_valid.shape[1:]:
+        (h, w), (vh, vw) = x_train.shape[1:], x_valid.shape[1:]
+        raise ValueError(f"{where}: the train images are {h} x {w}, the valid images {vh} x {vw}: one model cannot take both")
+    c = int(y_train.max()) + 1
+    if c > MAX_CLASSES: raise ValueError(f"{where}: a train label is {c - 1}: more than {MAX_CLASSES:,} classes is a damaged file")
+    if y_valid.max() >= c:
+        raise ValueError(f"{where}: a valid label is {int(y_valid.max())}, outside the train labels' 0 to {c - 1}")
     mean, std = x_train.mean(), x_train.std()
-    c = int(max(y_train.max(), y_valid.max())) + 1
-    train_ds = Dataset(normalize(x_train, mean, std).view(-1, 1, side, side), y_train)
-    valid_ds = Dataset(normalize(x_valid, mean, std).view(-1, 1, side, side), y_valid)
+    if not std > 0: raise ValueError(f"{where}: every train pixel has the same value: nothing to learn")
+    train_ds = Dataset(normalize(x_train, mean, std).unsqueeze(1), y_train)  # (N, 1, H, W): H and W from the IDX header
+    valid_ds = Dataset(normalize(x_valid, mean, std).unsqueeze(1), y_valid)
     return DataBunch(*get_dls(train_ds, valid_ds, bs), c=c)
 
 # %% ../nbs/11_train.ipynb #ff8a894e
@@ -152,19 +173,38 @@ def build_learner(cfg: TrainConfig, data: DataBunch | None = None) -> Learner:
     return learn
 
 # %% ../nbs/11_train.ipynb #93df6a95
+PARTIAL = '.partial'  # the suffix of a run folder while its run is unfinished: runs/a.partial becomes runs/a
+
+def partial_folder(out: str | os.PathLike) -> Path:
+    "Where the run of run folder `out` is written until it is finished: `out` with `.partial` after its name."
+    out = Path(out)
+    return out.with_name(out.name + PARTIAL)
+
+def _names(out: Path, more: bool) -> Iterator[Path]:
+    "`out`, then (if `more`) `out-1`, `out-2`, ...: the names to try for a run folder."
+    yield out
+    i = 1
+    while more:
+        yield out.with_name(f'{out.name}-{i}')
+        i += 1
+
+def _free(path: Path) -> bool:
+    "Whether neither `path` nor its partial folder exists (a dangling link counts as existing)."
+    return not any(p.exists() or p.is_symlink() for p in (path, partial_folder(path)))
+
 def _timestamped(root: Path) -> Path:
-    "A folder name under `root` from the current time, with a suffix if that name is taken."
-    base = root / datetime.now().strftime('%Y-%m-%d_%H-%M-%S')
-    path, i = base, 1
-    while path.exists(): path, i = base.with_name(f'{base.name}-{i}'), i + 1
-    return path
+    "A folder name under `root` from the current time, with a suffix if that name, or its partial folder, is taken."
+    return next(p for p in _names(root / datetime.now().strftime('%Y-%m-%d_%H-%M-%S'), True) if _free(p))
 
 def check_out(out: str | os.PathLike | None = None) -> Path:
-    "The run folder: `out`, or runs/<timestamp>; raises ValueError unless it can be created there (creates nothing)."
+    "The run folder: `out`, or runs/<timestamp>; raises ValueError unless it can be created there and no run holds it (creates nothing)."
     path = _timestamped(Path('runs')) if out is None else Path(out)
+    if path.is_symlink(): raise ValueError(f"--out {path} is a symbolic link (to {os.readlink(path)}): give the folder itself")
     if path.exists() and not path.is_dir(): raise ValueError(f"--out {path}: exists and is not a folder")
     if path.is_dir() and any(path.iterdir()):
         raise ValueError(f"--out {path}: the folder exists and is not empty; give a new folder (runs are never overwritten)")
+    partial = partial_folder(path)
+    if partial.exists() or partial.is_symlink(): raise ValueError(f"--out {path}: {_unfinished(partial)}")
     parent = path.absolute().parent
     while not parent.exists(): parent = parent.parent
     if not parent.is_dir(): raise ValueError(f"--out {path}: {parent} is not a folder")
@@ -188,51 +228,226 @@ def _write_metrics(history: list[dict], path: Path) -> None:
         writer.writeheader()
         writer.writerows(history)
 
+# %% ../nbs/11_train.ipynb #2241974b
+class RunFolderError(ValueError):
+    "A run folder that cannot be claimed: another run holds it, or it cannot be created. Nothing was written."
+
+def _lock(fd: int) -> None:
+    "Lock the open file `fd` for this process, or raise OSError at once if another process holds it."
+    if fcntl is not None: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    else:
+        import msvcrt
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+
+class RunClaim:
+    "A run's hold on its partial folder: the file `.claim` in it, locked while the run lives, naming who holds it."
+    FILE = '.claim'
+
+    def __init__(self, folder: Path, fd: int, previous: dict | None):
+        self.folder, self.fd, self.previous = folder, fd, previous  # previous: who held it before (a stale claim), or None
+
+    @staticmethod
+    def identity() -> dict:
+        "Who claims: this machine and process, when, and the torchrun job it belongs to (None outside torchrun)."
+        return {'host': socket.gethostname(), 'pid': os.getpid(), 'since': datetime.now().isoformat(timespec='seconds'),
+                'job': os.environ.get('TORCHELASTIC_RUN_ID')}
+
+    @staticmethod
+    def _read(fd: int) -> dict | None:
+        os.lseek(fd, 0, os.SEEK_SET)
+        try: return json.loads(os.read(fd, 1 << 16))
+        except ValueError: return None  # empty (killed while it was written) or damaged: no one we can name
+
+    @classmethod
+    def take(cls, folder: Path) -> RunClaim:
+        "Claim `folder`; raises RunFolderError naming the holder if a live process holds it. A dead holder's claim is taken over."
+        fd = os.open(folder / cls.FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try: _lock(fd)
+        except OSError:
+            holder = cls._read(fd)
+            os.close(fd)
+            raise RunFolderError(f"{folder} is held by a trainer that is running now ({_describe(holder)})") from None
+        previous = cls._read(fd)
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, json.dumps(cls.identity()).encode())
+        return cls(folder, fd, previous)
+
+    @classmethod
+    def holder(cls, folder: Path) -> dict | None:
+        "Who holds `folder` now, if a live process does (else None); changes nothing."
+        try: fd = os.open(folder / cls.FILE, os.O_RDONLY)  # a lock needs no write access
+        except FileNotFoundError: return None
+        try:
+            _lock(fd)
+            return None  # we could lock it: nobody holds it (closing the file drops our lock at once)
+        except OSError: return cls._read(fd) or {}
+        finally: os.close(fd)
+
+    def release(self, remove: bool = False) -> None:
+        "Give the folder up (with `remove`, delete the claim file first: the folder is finished)."
+        if self.fd is None: return
+        if remove: (self.folder / self.FILE).unlink(missing_ok=True)
+        os.close(self.fd)
+        self.fd = None
+
+def _describe(holder: dict | None) -> str:
+    "Who holds a claim, in words."
+    if not holder: return 'a process that has not said who it is'
+    job = f", torchrun job {holder['job']}" if holder.get('job') else ''
+    return f"pid {holder.get('pid')} on {holder.get('host')}, since {holder.get('since')}{job}"
+
+def _unfinished(folder: Path) -> str:
+    "What stands in `folder`, an existing partial folder, for a new run that wanted its name."
+    holder = RunClaim.holder(folder)
+    if holder is not None: return f"{folder} is held by a trainer that is running now ({_describe(holder)})"
+    return f"an unfinished run is in {folder}: continue it with --resume {folder}, or give another --out"
+
+def claim_run_folder(out: Path, more: bool = False) -> tuple[Path, Path, RunClaim]:
+    "Create and claim the partial folder of run folder `out` (with `more`, of the first free name after it): (out, folder, claim)."
+    try: out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e: raise RunFolderError(f"--out {out}: cannot create {out.parent} ({e.strerror})") from None
+    for name in _names(out, more):
+        folder = partial_folder(name)
+        try: folder.mkdir()  # atomic: of two trainers that want this name, exactly one creates it
+        except FileExistsError:
+            if more: continue
+            raise RunFolderError(f"--out {out}: {_unfinished(folder)}") from None
+        except OSError as e: raise RunFolderError(f"--out {out}: cannot create {folder} ({e.strerror})") from None
+        if more and (name.exists() or name.is_symlink()):  # a finished run has this name
+            folder.rmdir()
+            continue
+        return name, folder, RunClaim.take(folder)
+
+# %% ../nbs/11_train.ipynb #59691906
+def _out_of(folder: Path) -> Path:
+    "The run folder that the partial folder `folder` becomes."
+    return folder.with_name(folder.name[:-len(PARTIAL)])
+
+def find_run(resume: str | os.PathLike) -> Path:
+    "The partial folder that `--resume RUN` names: the folder itself, the checkpoint in it, or the run folder it will become."
+    path = Path(resume)
+    if path.is_symlink(): path = path.resolve()
+    if path.is_file():
+        if path.name != CHECKPOINT: raise ValueError(f"--resume {resume}: a file, but not a run's {CHECKPOINT}")
+        path = path.parent
+    if not path.name.endswith(PARTIAL):
+        if partial_folder(path).is_dir(): path = partial_folder(path)
+        elif (path / 'config.json').is_file():
+            raise ValueError(f"--resume {resume}: that run is finished; to train more, start a new run with another --out")
+    if not path.is_dir(): raise ValueError(f"--resume {resume}: no such run folder")
+    if not (path / 'config.json').is_file(): raise ValueError(f"--resume {resume}: not a run folder of exp.train (no config.json)")
+    return path
+
+def read_run_config(folder: Path) -> TrainConfig:
+    "The options of the run in `folder`, from the config.json it wrote when it started."
+    try: cfg = TrainConfig(**json.loads((folder / 'config.json').read_text()))
+    except (OSError, ValueError, TypeError) as e:
+        raise ValueError(f"--resume {folder}: its config.json cannot be read ({' '.join(str(e).split())})") from None
+    return check_config(replace(cfg, lr_find=False, resume=None))  # the lr it holds is the one the finder picked
+
+def _spelt(name: str, value) -> str:
+    "Option `name` with `value`, as a command line spells it."
+    if isinstance(value, bool): return _flag(name) if value else _flag('no_' + name)
+    return f"{_flag(name)} {value}"
+
+def _comparable(name: str, value):
+    "`value` of option `name` in the form two runs compare: a data folder resolved, `--fp16 auto` resolved here."
+    if name == 'data' and value not in KNOWN_DATA: return str(Path(value).resolve())
+    return resolve_fp16(value) if name == 'fp16' else value
+
+def resumed_config(folder: Path, given: dict) -> TrainConfig:
+    "The options to resume the run in `folder`: its own; raises ValueError listing every option in `given` that would change it."
+    run = read_run_config(folder)
+    if given.get('lr_find'): check_config(replace(run, lr=None, lr_find=True, resume=str(folder)))  # raises, saying why
+    asked = check_config(replace(run, **{k: v for k, v in given.items() if k in RUN_OPTIONS}))
+    changes = [f"{_spelt(n, getattr(asked, n))} (the run's: {_spelt(n, getattr(run, n))})" for n in RUN_OPTIONS
+               if n in given and _comparable(n, getattr(asked, n)) != _comparable(n, getattr(run, n))]
+    out = _out_of(folder)
+    if given.get('out') is not None and Path(given['out']).absolute() != out.absolute():
+        changes.append(f"--out {given['out']} (the run's: {out})")
+    if changes:
+        raise ValueError(f"--resume {folder}: a resumed run keeps the options it started with; "
+                         f"these would change it: {'; '.join(changes)}")
+    return replace(run, out=str(out), resume=str(folder))
+
 # %% ../nbs/11_train.ipynb #6986c4be
+class Stopped(KeyboardInterrupt):
+    "A signal asking the trainer to stop (SIGTERM, SIGHUP), raised where the program is, as Ctrl-C raises KeyboardInterrupt."
+    def __init__(self, signum: int):
+        self.signum, self.signame = signum, signal.Signals(signum).name
+        super().__init__(self.signame)
+
+def _stop(signum: int, frame) -> None: raise Stopped(signum)
+
+def _command() -> str:
+    "How this trainer was started, as a command to type again: `exp-train`, `python -m exp.train`, or torchrun's."
+    if Path(sys.argv[0]).stem == 'exp-train': return 'exp-train'  # the installed command
+    if 'TORCHELASTIC_RUN_ID' in os.environ:  # started by torchrun: one line of its options for one machine
+        n = os.environ.get('LOCAL_WORLD_SIZE', '1')
+        where = '--standalone' if os.environ.get('WORLD_SIZE') == n else '<its --nnodes and --rdzv options>'
+        return f"torchrun {where} --nproc-per-node {n} -m exp.train"
+    return f"{python_command()} -m exp.train"
+
+TRACEBACK = 'traceback.txt'  # in a kept partial folder: the full story of the error the one line summed up
+
 class Trainer:
-    "A training run: `Trainer(cfg)` checks it all and builds the learner, writing nothing; `fit()` trains and writes the run."
+    "A training run: `Trainer(...)` checks it all and builds the learner, writing nothing; `fit()` trains and writes the run."
     def __init__(self, cfg: TrainConfig | None = None, **kwargs):
-        self.cfg = check_config(TrainConfig(**kwargs) if cfg is None else cfg)
+        if cfg is not None and kwargs: raise TypeError("give Trainer a TrainConfig or options, not both")
+        if cfg is not None and not isinstance(cfg, TrainConfig): raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
+        unknown = set(kwargs) - set(TrainConfig.__dataclass_fields__)
+        if unknown: raise TypeError(f"Trainer got options it does not know: {', '.join(sorted(unknown))}")
+        # the options given: with a TrainConfig, those it sets to other than the defaults
+        given = kwargs if cfg is None else {k: v for k, v in asdict(cfg).items() if v != getattr(TrainConfig, k)}
+        resume = _path_str('resume', given.get('resume'))
+        self.folder = find_run(resume) if resume is not None else None  # the partial folder the run is written into
+        self.cfg = resumed_config(self.folder, given) if self.folder else check_config(TrainConfig(**given))
         if self.cfg.lr_find and os.environ.get('WORLD_SIZE', '1') != '1':
             raise ValueError("--lr-find runs in one process: find the lr with python -m exp.train --lr-find, "
                              "then give torchrun's run that --lr")
-        self.out, self.partial, self.history = check_out(self.cfg.out), None, None
+        if self.folder is not None:
+            holder = RunClaim.holder(self.folder)
+            if holder is not None:
+                raise RunFolderError(f"--resume {resume}: {self.folder} is held by a trainer that is running now ({_describe(holder)})")
+        self.out = _out_of(self.folder) if self.folder else check_out(self.cfg.out)
+        self.claim = self.history = self.config = self.saver = self.kept = None
+        self.stage = 'setting up'
         try: self.learn = build_learner(self.cfg)
         except DownloadError as e:
             env = DATASETS.get(self.cfg.data, {}).get('env', 'the mirror variable')
             first = str(e).splitlines()[0]  # the rest advises get_data's Python callers; say it in options
             raise DownloadError(f"--data {self.cfg.data}: {first}; pass --data FOLDER holding the four IDX files, "
                                 f"or set {env} to a mirror that serves them") from None
-        self.start_epoch = self._check_resume() if self.cfg.resume else 0
+        ckpt = self.folder / CHECKPOINT if self.folder else None
+        self.checkpoint = ckpt if ckpt is not None and ckpt.is_file() else None  # a run killed in its first epoch has none
+        self.start_epoch = self._check_resume() if self.checkpoint else 0
+        self.saved_epoch = self.start_epoch - 1 if self.checkpoint else None  # the epoch the run's checkpoint holds
         # under torchrun (notebook 12) rank 0 prints and writes the run; the others train alongside it
         self.rank, self.world_size = getattr(self.learn, 'rank', 0), getattr(self.learn, 'world_size', 1)
 
     def _check_resume(self) -> int:
         "Load the checkpoint to resume into the learner (so that a mismatch fails now); the epoch to start at."
-        path = self.cfg.resume
+        path = self.checkpoint
         try: state = self.learn.load(path)
-        except (RuntimeError, ValueError, KeyError, OSError) as e:
-            if str(e).startswith('Error(s) in loading state_dict'):  # its report of each mismatch runs to many lines
+        except CheckpointMismatch as e:
+            if e.piece == 'model':
                 raise ValueError(f"--resume {path}: its weights do not fit the --arch {self.cfg.arch} model "
                                  "(saved with another --arch, or --data with other classes?)") from None
+            raise ValueError(f"--resume {e}") from None
+        except (ValueError, KeyError, OSError) as e:
             raise ValueError(f"--resume {path}: cannot load it ({str(e).strip().splitlines()[0]})") from None
         if state.get('epoch') is None:
             raise ValueError(f"--resume {path}: not saved during a fit, so there is no epoch to continue after")
-        start = state['epoch'] + 1
-        if start >= self.cfg.epochs:
-            raise ValueError(f"--resume {path}: the run has trained {start} of its {state['epochs']} epochs; "
-                             f"--epochs {self.cfg.epochs} leaves nothing to train")
-        if state['epochs'] != self.cfg.epochs and self.cfg.one_cycle:
-            print(f"note: the resumed run was planned for {state['epochs']} epochs; the one-cycle schedule now spans "
-                  f"{self.cfg.epochs}, so the lr jumps", file=sys.stderr)
-        return start
+        return state['epoch'] + 1  # = epochs when only the run's files were left to write: resuming writes them
 
     def describe(self, lr: float) -> str:
         "One line saying what is about to be trained."
         cfg, data = self.cfg, self.learn.data
         precision = {'on': 'fp16', 'off': 'fp32', 'bf16': 'bf16'}[resolve_fp16(cfg.fp16)]
         epochs = f"{cfg.epochs} epoch{'s' if cfg.epochs > 1 else ''}"
-        if self.start_epoch: epochs += f', resuming at epoch {self.start_epoch}'
+        if self.start_epoch >= cfg.epochs: epochs += ', all trained: writing the run folder'
+        elif self.start_epoch: epochs += f', resuming at epoch {self.start_epoch}'
         schedule = 'one-cycle, peak lr' if cfg.one_cycle else 'lr'
         processes = f", {self.world_size} processes" if self.world_size > 1 else ''
         return (f"{cfg.arch} on {cfg.data} ({len(data.train_ds)} train, {len(data.valid_ds)} valid, {data.c} classes); "
@@ -249,93 +464,132 @@ class Trainer:
         return lr
 
     def _train(self, lr: float, cbs: list) -> None:
-        "Fit the learner as the options say, with callbacks `cbs`."
+        "Fit the learner as the options say, with callbacks `cbs`, from the checkpoint if there is one."
         cfg, learn = self.cfg, self.learn
-        if cfg.one_cycle: learn.fit_one_cycle(cfg.epochs, max_lr=lr, cbs=cbs, resume=cfg.resume, **ONE_CYCLE)
-        else: learn.fit(cfg.epochs, cbs=cbs, resume=cfg.resume)
+        if cfg.one_cycle: learn.fit_one_cycle(cfg.epochs, max_lr=lr, cbs=cbs, resume=self.checkpoint, **ONE_CYCLE)
+        else: learn.fit(cfg.epochs, cbs=cbs, resume=self.checkpoint)
         self.history = learn.run.avg_stats.history
 
     def fit(self) -> dict[str, float]:
-        "Train, then write model.pth, metrics.csv, loss.png, lr.png and config.json; returns the last epoch's row."
+        "Claim the run's folder, train, write the run and give the folder its name; returns the last epoch's row."
         if self.history is not None: raise RuntimeError("this Trainer has run: make a new one for another run")
-        cfg, learn, out = self.cfg, self.learn, self.out
         if self.rank != 0:  # a torchrun worker besides rank 0: it trains, rank 0 writes
-            self._train(learn.lr, [])
+            self._train(self.learn.lr, [])
             return self.history[-1]
-        out.parent.mkdir(parents=True, exist_ok=True)
-        self.partial = Path(tempfile.mkdtemp(dir=out.parent, prefix=f'.{out.name}.partial-'))
+        if self.folder is None: self.out, self.folder, self.claim = claim_run_folder(self.out, more=self.cfg.out is None)
+        else: self.claim = RunClaim.take(self.folder)  # a resumed run takes its folder back
         try:
-            lr = self._pick_lr(self.partial)
+            remove_stale_parts(self.folder)  # what a killed process was writing
+            (self.folder / TRACEBACK).unlink(missing_ok=True)
+            lr = self._pick_lr(self.folder)
+            if self.cfg.resume is None:  # the config, from the start: what --resume restores
+                cfg, data = self.cfg, self.cfg.data
+                data = data if data in KNOWN_DATA else str(Path(data).resolve())  # a resumed run may start elsewhere
+                self.config = replace(cfg, data=data, lr=lr, fp16=resolve_fp16(cfg.fp16), out=str(self.out))
+                atomic_write(self.folder / 'config.json', (json.dumps(asdict(self.config), indent=2) + '\n').encode())
+            else: self.config = read_run_config(self.folder)
             print(self.describe(lr), flush=True)
-            self._train(lr, [SaveModelCallback(self.partial / CHECKPOINT, every='epoch')])
-            _write_metrics(self.history, self.partial / 'metrics.csv')
-            _save_plot(learn.recorder.plot_loss, self.partial / 'loss.png')
-            _save_plot(learn.recorder.plot_lr, self.partial / 'lr.png')
-            self.config = replace(cfg, lr=lr, fp16=resolve_fp16(cfg.fp16), out=str(out))
-            (self.partial / 'config.json').write_text(json.dumps(asdict(self.config), indent=2) + '\n')
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(self.partial, 0o777 & ~umask)  # mkdtemp made it private; a run folder is an ordinary folder
-            if out.is_dir(): out.rmdir()  # the empty folder check_out allowed
-            os.rename(self.partial, out)
-        except KeyboardInterrupt: raise  # keep the partial folder: its checkpoint can be resumed
-        except BaseException:
-            shutil.rmtree(self.partial, ignore_errors=True)
+            self.stage, self.saver = 'training', SaveModelCallback(self.folder / CHECKPOINT, every='epoch')
+            self._train(lr, [self.saver])
+            self.stage = 'writing the run folder'
+            self._finish()
+        except BaseException as e:
+            self._keep(e)
             raise
-        self.partial = None
         return self.history[-1]
 
-# %% ../nbs/11_train.ipynb #28ab94b1
-class _BoolFlag(argparse.BooleanOptionalAction):
-    "argparse's `--x/--no-x` flag pair, with the parameter name's underscores spelt as dashes: `--one-cycle`."
-    def __init__(self, option_strings: list[str], dest: str, help: str | None = None, **kwargs):
-        super().__init__([s.replace('_', '-') for s in option_strings], dest, **kwargs)
-        self.help = help  # set after: BooleanOptionalAction would append a second '(default: ...)' to fastcore's
+    def _finish(self) -> None:
+        "Write metrics and plots into the partial folder, then rename it to the run folder's name."
+        learn, folder = self.learn, self.folder
+        _write_metrics(self.history, folder / 'metrics.csv')
+        _save_plot(learn.recorder.plot_loss, folder / 'loss.png')
+        _save_plot(learn.recorder.plot_lr, folder / 'lr.png')
+        if self.out.is_dir(): self.out.rmdir()  # the empty folder check_out allowed
+        self.claim.release(remove=True)
+        os.rename(folder, self.out)  # atomic: whoever looks sees the partial folder, or the finished run
+        self.folder = None
 
+    def _keep(self, e: BaseException) -> None:
+        "After the failure `e`: keep the partial folder if it holds a checkpoint (with the traceback), else remove it."
+        if self.saver is not None and self.saver.saved_epoch is not None: self.saved_epoch = self.saver.saved_epoch
+        if (self.folder / CHECKPOINT).is_file():
+            self.kept = self.folder
+            if not isinstance(e, KeyboardInterrupt):
+                try: (self.folder / TRACEBACK).write_text(''.join(traceback.format_exception(e)))
+                except OSError: pass  # a full disk, say: the one line still tells what happened
+        else: shutil.rmtree(self.folder, ignore_errors=True)  # nothing to resume from: no folder holding a checkpoint goes
+        self.claim.release()
+
+    def report(self, e: BaseException) -> str:
+        "One line on the failure `e` of `fit`: what went wrong, what was kept, and the command that continues the run."
+        if isinstance(e, Stopped): what = f"stopped by {e.signame}"
+        elif isinstance(e, KeyboardInterrupt): what = 'interrupted (Ctrl-C)'
+        elif isinstance(e, OSError) and e.strerror: what = e.strerror + (f" ({e.filename})" if e.filename else '')
+        else: what = f"{type(e).__name__}: {' '.join(str(e).split())}".rstrip(': ')
+        where = f"during epoch {self.learn.run.epoch}" if self.stage == 'training' else self.stage
+        if self.kept is None: return f"{what}, {where}, before any checkpoint: nothing was kept; run the same command again"
+        trace = f"; the traceback is in {self.kept / TRACEBACK}" if (self.kept / TRACEBACK).is_file() else ''
+        return (f"{what}, {where}; the run so far is in {self.kept} (its checkpoint: epoch {self.saved_epoch}{trace}); "
+                f"continue it with: {_command()} --resume {shlex.quote(str(self.kept))}")
+
+# %% ../nbs/11_train.ipynb #28ab94b1
 def _who() -> str:
     "'' in a single process or torchrun's rank 0; '[rank N] ' in torchrun's other processes."
     rank = os.environ.get('RANK', '0') if os.environ.get('WORLD_SIZE', '1') != '1' else '0'
     return '' if rank == '0' else f'[rank {rank}] '
 
-def _fail(e: BaseException, code: int = 2) -> None:
+def _fail(e, code: int = 2) -> None:
     "Report `e` as one line on stderr and exit with `code` (2: argparse's usage-error code)."
-    print(f"exp.train: {_who()}error: {' '.join(str(e).split())}", file=sys.stderr)
-    raise SystemExit(code)
+    cli_error('exp-train' if _command() == 'exp-train' else 'exp.train', f"{_who()}{e}", code)
 
-@call_parse
-def main(data: str = TrainConfig.data,  # mnist5k (embedded, offline), mnist, fashion, or a folder of four IDX files
-         arch: str = TrainConfig.arch,  # model: mlp, cnn or simple_cnn
-         epochs: int = TrainConfig.epochs,  # number of epochs (with --resume: the total, counting those done)
-         bs: int = TrainConfig.bs,  # batch size
-         lr: float | None = None,  # learning rate, the peak of one-cycle (default: mlp 0.03, cnn 0.1, simple_cnn 0.3)
-         lr_find: Param("pick the learning rate with the LR finder", action=_BoolFlag) = TrainConfig.lr_find,
-         one_cycle: Param("one-cycle schedule of lr and momentum; --no-one-cycle: constant lr",
-                          action=_BoolFlag) = TrainConfig.one_cycle,
-         fp16: str = TrainConfig.fp16,  # mixed precision: auto (on with a GPU, off on CPU), on, off or bf16
-         seed: int = TrainConfig.seed,  # random seed: the same seed on the same machine gives the same run
-         out: str | None = None,  # run folder to create (default: runs/<timestamp>)
-         resume: str | None = None):  # continue from this checkpoint (model.pth) or run folder
-    "Train a model on MNIST-style digits; write metrics.csv, loss.png, lr.png, model.pth and config.json to a run folder."
-    try: trainer = Trainer(TrainConfig(data, arch, epochs, bs, lr, lr_find, one_cycle, fp16, seed, out, resume))
+def make_parser() -> CommandLine:
+    "The command line's options: each one given is a field of TrainConfig; one not given is absent (not its default)."
+    p = CommandLine('exp-train' if _command() == 'exp-train' else 'exp.train', prog=_command(),
+                    argument_default=argparse.SUPPRESS,  # so that --resume can tell the options given from the defaults
+                    description="Train a model on MNIST-style digits; write metrics.csv, loss.png, lr.png, model.pth "
+                                "and config.json to a run folder.")
+    d = TrainConfig
+    p.add_argument('--data', help=f"mnist5k (embedded, offline), mnist, fashion, or a folder of four IDX files (default: {d.data})")
+    p.add_argument('--arch', help=f"model: mlp, cnn or simple_cnn (default: {d.arch})")
+    p.add_argument('--epochs', type=int, help=f"number of epochs (default: {d.epochs})")
+    p.add_argument('--bs', type=int, help=f"batch size (default: {d.bs})")
+    p.add_argument('--lr', type=float, help="learning rate, the peak of one-cycle (default: mlp 0.03, cnn 0.1, simple_cnn 0.3)")
+    p.add_argument('--lr-find', action=argparse.BooleanOptionalAction, help="pick the learning rate with the LR finder")
+    p.add_argument('--one-cycle', action=argparse.BooleanOptionalAction,
+                   help="one-cycle schedule of lr and momentum (the default); --no-one-cycle: constant lr")
+    p.add_argument('--fp16', help=f"mixed precision: auto (on with a GPU, off on CPU), on, off or bf16 (default: {d.fp16})")
+    p.add_argument('--seed', type=int, help=f"random seed: the same seed on the same machine gives the same run (default: {d.seed})")
+    p.add_argument('--out', help="run folder to create (default: runs/<timestamp>)")
+    p.add_argument('--resume', metavar='RUN', help="continue an unfinished run (its folder, as the trainer named it), "
+                                                   "with the options it started with")
+    return p
+
+def main(argv: list[str] | None = None) -> None:
+    "`python -m exp.train`: train as the options say; any error is one line on stderr, and exit code 2 (options) or 1."
+    options = vars(make_parser().parse_args(argv))
+    try: trainer = Trainer(**options)
     except (ValueError, TypeError, OSError) as e: _fail(e)
     except RuntimeError as e:  # under torchrun: the process group could not be set up (a broken environment, no peers)
         if 'WORLD_SIZE' not in os.environ: raise
         _fail(e)
+    # SIGTERM and SIGHUP ask to stop as Ctrl-C does: the run is kept, and the command that continues it printed
+    previous = {s: signal.signal(s, _stop) for s in (getattr(signal, n) for n in ('SIGTERM', 'SIGHUP') if hasattr(signal, n))}
     try: last = trainer.fit()
-    except KeyboardInterrupt:
-        if trainer.partial is None: raise SystemExit(130)  # a torchrun worker besides rank 0: rank 0 says where the run is
-        ckpt = trainer.partial / CHECKPOINT
-        more = f"; continue it with --resume {ckpt}" if ckpt.is_file() else ''
-        print(f"exp.train: interrupted; the unfinished run is in {trainer.partial}{more}", file=sys.stderr)
-        raise SystemExit(130)
-    except RuntimeError as e:
-        if trainer.world_size == 1: raise
+    except RunFolderError as e: _fail(e)  # another run holds the folder, or it cannot be made: nothing was written
+    except BaseException as e:
+        code = 128 + e.signum if isinstance(e, Stopped) else 130 if isinstance(e, KeyboardInterrupt) else 1
+        if trainer.rank == 0: _fail(trainer.report(e), code)
+        if isinstance(e, KeyboardInterrupt): raise SystemExit(code) from None  # rank 0 says where the run is
         from exp.distributed import DistributedError
         if not isinstance(e, DistributedError): raise
         _fail(e, 1)  # a peer died or hung: one line per process; torchrun then names the process that failed
+    finally:
+        for s, handler in previous.items(): signal.signal(s, handler)
     if 'WORLD_SIZE' in os.environ:  # under torchrun (even with one process): leave the process group cleanly
         from exp.distributed import shutdown
         shutdown()
     if trainer.rank != 0: return
     print(f"valid accuracy: {last['valid_accuracy']:.4f} (valid loss {last['valid_loss']:.4f}) after epoch {last['epoch']}")
     print(f"run folder: {trainer.out}")
+
+if __name__ == '__main__' and '__file__' in globals(): main()  # run as a command (a notebook's kernel is __main__ too, with no file)

@@ -249,7 +249,8 @@ def test_learner_checks_and_builds_its_optimizer():
     assert isinstance(learn.opt, SGD) and learn.opt is learn.opt
     ft.test_eq(learn.opt.param_groups[0]['lr'], 0.1)
     with pytest.raises(TypeError, match='model must be an nn.Module'): Learner(make_data(), lambda x: x)
-    with pytest.raises(ValueError, match='lr must be > 0, got 0'): Learner(make_data(), nn.Linear(5, 3), lr=0)
+    for lr in (0, -0.1, float('inf'), float('nan'), True, '0.1'):
+        with pytest.raises(ValueError, match=f'lr must be a finite number > 0, got {lr!r}'): Learner(make_data(), nn.Linear(5, 3), lr=lr)
     with pytest.raises(ValueError, match='epochs must be an int >= 0, got -2'): Runner().fit(-2, learn)
 
 
@@ -490,3 +491,50 @@ def test_databunch_with_torchs_dataloaders():
     ft.test_eq((run.n_iter, run.avg_stats.train_stats.count, run.avg_stats.valid_stats.count), (2 * 4, 30, 10))
     ft.test_eq(data.state_dict(), {'samplers': [None, None]})  # torch's shuffling draws from the global RNG
     with pytest.raises(AttributeError, match=r'train_dl \(list\) has neither .ds nor .dataset'): DataBunch([], []).train_ds
+
+
+# ---------------------------------------------------------------- teardown and states, under faults
+
+class Teardown(Callback):
+    "Logs `label` at after_fit into `log`, then raises `exc` there if given."
+    def __init__(self, label, log, exc=None): self.label, self.log, self.exc = label, log, exc
+    def after_fit(self):
+        self.log.append(self.label)
+        if self.exc: raise self.exc
+
+
+def test_every_after_fit_runs_and_the_first_error_propagates():
+    log = []
+    first, second = RuntimeError('first to fail'), ValueError('second to fail')
+    cbs = [Teardown('a', log), Teardown('b', log, second), Teardown('c', log, first), Teardown('d', log)]
+    with pytest.raises(RuntimeError) as info: Runner(cbs=cbs).fit(1, make_learner())
+    ft.test_eq(log, ['d', 'c', 'b', 'a'])  # reversed, and all four though two raised
+    assert info.value is first
+    assert any('then Teardown.after_fit raised ValueError: second to fail' in n for n in info.value.__notes__)
+
+
+def test_the_fits_own_error_goes_on_with_the_teardowns_as_notes():
+    log = []
+    with pytest.raises(KeyError) as info:
+        Runner(cbs=[EventLog({'begin_epoch': lambda: KeyError('the fit failed')}), Teardown('t', log, RuntimeError('and this'))]).fit(1, make_learner())
+    ft.test_eq(log, ['t'])
+    ft.test_eq(info.value.__notes__, ['then Teardown.after_fit raised RuntimeError: and this'])
+
+
+def test_callback_states_load_all_or_nothing():
+    stats, other = AvgStatsCallback([accuracy]), AvgStatsCallback()
+    good = {'history': [dict(zip(stats.names, [0, 1., .5, 1., .5, 0.1]))]}
+    with pytest.raises(ValueError, match="this AvgStatsCallback's are"):
+        load_callback_states([stats, other], {'avg_stats': good, 'avg_stats_2': good})
+    ft.test_eq(stats.history, [])  # the first fitted, and was not loaded either
+    load_callback_states([stats], {'avg_stats': good})
+    ft.test_eq(stats.history, good['history'])
+
+
+def test_databunch_states_load_all_or_nothing():
+    data = make_data()
+    for dl in (data.train_dl, data.valid_dl): dl.sampler.shuffle = True
+    before = data.state_dict()
+    with pytest.raises(ValueError, match="a sampler's state does not fit its generator"):
+        data.load_state_dict({'samplers': [torch.zeros(5056, dtype=torch.uint8).fill_(7), torch.zeros(3, dtype=torch.uint8)]})
+    for s, t in zip(data.state_dict()['samplers'], before['samplers']): ft.test_eq(s, t)  # the first was not set either

@@ -8,7 +8,10 @@ import socket
 import subprocess
 import sys
 import threading
+import time
+import tracemalloc
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -461,3 +464,162 @@ def test_command_line(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert 'train:      (4000, 784)' in proc.stdout and 'valid:      (1000, 784)' in proc.stdout
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
+
+
+# ---------------------------------------------------------------- faults: bombs, slow or oversized servers, leftovers
+
+def gzip_bomb(path: Path, declared: int, inflated_mib: int) -> Path:
+    "A gzipped IDX file whose header declares `declared` uint8 labels, which are there, followed by `inflated_mib` MiB of zeros."
+    z = zlib.compressobj(1, zlib.DEFLATED, 31)  # wbits 31: the gzip format
+    with open(path, 'wb') as f:
+        f.write(z.compress(idx_bytes(0x08, [declared], bytes(declared))))
+        for _ in range(inflated_mib): f.write(z.compress(bytes(1 << 20)))
+        f.write(z.flush())
+    return path
+
+
+def test_a_gzip_bomb_is_refused_with_memory_bounded_by_the_declared_size(tmp_path):
+    bomb = gzip_bomb(tmp_path / 'bomb-idx1-ubyte.gz', 1000, 200)  # 200 KB on disk, 200 MiB inflated
+    assert bomb.stat().st_size < 2 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError, match=r'bytes after the \[1000\] array the header declares'): read_idx(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally: tracemalloc.stop()
+    assert peak < 4 << 20, f'peak {peak / 2**20:.1f} MiB while reading a bomb'  # the old reader held all 200 MiB
+
+
+def test_a_header_declaring_more_than_the_file_can_hold_is_refused_before_allocating(tmp_path):
+    for name, content in (('plain', idx_bytes(0x08, [2**31, 2**31], b'\x00' * 8)),
+                          ('zipped.gz', gzip.compress(idx_bytes(0x08, [2**31, 2**31], b'\x00' * 8)))):
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ValueError, match='truncated data: .* the file holds at most'): read_idx(tmp_path / name)
+
+
+def test_float_labels_are_refused(tmp_path):
+    make_idx_folder(tmp_path)
+    write_idx(tmp_path / 'train-labels-idx1-ubyte.gz', torch.zeros(12))
+    with pytest.raises(ValueError, match='labels must be integers, got torch.float32'): get_data(path=tmp_path)
+
+
+class Drip:
+    "An HTTP server that sends its headers (or its body) one byte a second, for a long time."
+    def __init__(self, where: str):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                try:
+                    if where == 'headers':
+                        for b in b'HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\n':
+                            self.wfile.write(bytes([b])); self.wfile.flush(); time.sleep(1)
+                    self.send_response(200)
+                    self.send_header('Content-Length', '1000')
+                    self.end_headers()
+                    for _ in range(1000):
+                        self.wfile.write(b'x'); self.wfile.flush(); time.sleep(1)
+                except (BrokenPipeError, ConnectionResetError): pass
+            def log_message(self, *args): pass
+        self.httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f'http://127.0.0.1:{self.httpd.server_address[1]}/slow.gz'
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+
+@pytest.mark.parametrize('where', ['body', 'headers'])
+def test_a_server_that_drips_fails_within_the_deadline(tmp_path, where):
+    drip = Drip(where)
+    outcome = {}
+    def download():
+        try: download_file(drip.url, tmp_path / 'slow.gz', sha(b''), timeout=30, deadline=2)
+        except DownloadError as e: outcome['error'] = e
+    worker = threading.Thread(target=download, daemon=True)
+    worker.start()
+    worker.join(60)  # bounds the test: without a deadline the download would take 1,000 s
+    drip.httpd.shutdown()
+    assert not worker.is_alive(), 'the download did not give up'
+    assert 'within the 2 s deadline' in str(outcome['error'])
+    ft.test_eq(list(tmp_path.iterdir()), [])  # no file, no temporary file
+
+
+def test_a_server_that_sends_more_than_the_pinned_size_is_refused(server, tmp_path):
+    tmp_path = tmp_path / 'dl'  # beside the served folder
+    tmp_path.mkdir()
+    content = os.urandom(5000)
+    (server.root / 'f.bin').write_bytes(content)
+    with pytest.raises(DownloadError, match='announces 5000 bytes, the pinned file has 1000'):
+        download_file(server.url + 'f.bin', tmp_path / 'f.bin', sha(content), size=1000)
+
+    class NoLength(http.server.BaseHTTPRequestHandler):  # no Content-Length: the cap counts what arrives
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(content)
+        def log_message(self, *args): pass
+    httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), NoLength)
+    threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True).start()
+    try:
+        with pytest.raises(DownloadError, match='sent more than the 1000 bytes of the pinned file'):
+            download_file(f'http://127.0.0.1:{httpd.server_address[1]}/f.bin', tmp_path / 'f.bin', sha(content), size=1000)
+    finally: httpd.shutdown()
+    ft.test_eq(list(tmp_path.iterdir()), [])
+    download_file(server.url + 'f.bin', tmp_path / 'f.bin', sha(content), size=5000)  # exactly the size: fine
+
+
+def test_the_pinned_sizes_cover_every_file():
+    for spec in DATASETS.values(): ft.test_eq(sorted(spec['size']), sorted(spec['sha256']))
+    assert DATASETS['mnist']['archive']['size'] > 10 << 20
+
+
+def dead_pid() -> int:
+    "The pid of a process that has ended."
+    return int(subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True, text=True).stdout)
+
+
+def test_the_temporary_files_of_a_killed_process_are_removed_by_the_next_start(server, tmp_path):
+    tmp_path = tmp_path / 'dl'  # beside the served folder
+    tmp_path.mkdir()
+    host = socket.gethostname().replace('.', '_')
+    stale = tmp_path / f'.f.bin.{host}-{dead_pid()}.a1b2c3.part'
+    mine = tmp_path / f'.g.bin.{host}-{os.getpid()}.d4e5f6.part'  # a write in progress, by a live process
+    elsewhere = tmp_path / f'.h.bin.otherhost-{dead_pid()}.g7h8i9.part'  # another machine's, on a shared disk: not ours to judge
+    for p in (stale, mine, elsewhere): p.write_bytes(b'half a file')
+    ft.test_eq(data.remove_stale_parts(tmp_path), [stale])
+    stale.write_bytes(b'half a file')
+    (server.root / 'f.bin').write_bytes(b'content')
+    download_file(server.url + 'f.bin', tmp_path / 'f.bin', sha(b'content'))  # the next start
+    ft.test_eq(sorted(p.name for p in tmp_path.iterdir()), sorted(['f.bin', mine.name, elsewhere.name]))
+
+
+def test_a_killed_write_leaves_a_part_file_that_names_its_writer(tmp_path):
+    script = f"import os, exp.data\nos.replace = lambda src, dst: os.kill(os.getpid(), 9)\nexp.data.atomic_write({str(tmp_path / 'x.bin')!r}, b'data')"
+    proc = subprocess.run([sys.executable, '-c', script], capture_output=True, timeout=120)
+    ft.test_eq(proc.returncode, -9)
+    (part,) = tmp_path.glob('.x.bin.*.part')
+    ft.test_eq(data.remove_stale_parts(tmp_path), [part])
+
+
+def test_a_damaged_plain_file_in_the_cache_never_shadows_a_verified_download(cache, server, fake_mnist):
+    check_converted(get_data('mnist', mirror=server.url), fake_mnist)
+    plain = cache / 'mnist' / 'train-images-idx3-ubyte'  # preferred to the .gz by load_idx_folder
+    plain.write_bytes(b'\x00\x00\x08\x03' + b'damaged')
+    check_converted(get_data('mnist', mirror=server.url), fake_mnist)  # the verified .gz is read
+    assert not plain.exists()  # and the cache healed itself
+    ft.test_eq(len(server.requests), 4)  # without downloading anything again
+
+
+def test_set_seed_takes_an_int64():
+    set_seed(2**63 - 1)
+    for bad in (2**63, True, -1):
+        with pytest.raises(ValueError, match='seed must be an int from 0 to 2\\*\\*63 - 1'): set_seed(bad)
+
+
+@pytest.mark.parametrize('args,message', [
+    (['--name', 'cifar'], "exp.data: error: --name 'cifar' is not a data set; known: mnist5k, mnist, fashion"),
+    (['--path', 'nowhere'], 'exp.data: error: --path nowhere: not a folder'),
+    (['--nmae', 'mnist'], 'exp.data: error: unrecognized arguments: --nmae mnist'),
+    (['--path', '.'], 'exp.data: error: . : no train-images-idx3-ubyte'),
+])
+def test_command_line_errors_are_one_line(tmp_path, args, message):
+    proc = subprocess.run([sys.executable, '-m', 'exp.data', *args], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+                          env={**os.environ, 'EXP_DATA': str(tmp_path / 'cache')})
+    ft.test_eq((proc.returncode, proc.stderr.count('\n')), (2, 1))
+    assert proc.stderr.startswith(message.replace('. :', '.:')), proc.stderr

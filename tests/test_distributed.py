@@ -183,12 +183,26 @@ def test_exp_train_under_torchrun(tmp_path, no_torchrun_env):
     ft.test_eq([p.name for p in tmp_path.iterdir()], ['run'])  # no partial folder left by any rank
 
 
+def test_exp_train_keeps_the_run_when_a_peer_dies(tmp_path, no_torchrun_env):
+    "Rank 1 dies at the start of epoch 1: rank 0 keeps the partial folder with epoch 0's checkpoint and says how to go on."
+    fault = Path(__file__).parent / 'fault_train.py'
+    proc = launch(fault, tmp_path / 'unused', 'die-rank1', '--arch', 'mlp', '--epochs', 3, '--out', tmp_path / 'run', nproc=2,
+                  timeout=300, env=CPU_ONLY, check=False)
+    assert proc.returncode != 0
+    lines = [l for l in rank_lines(proc.stderr, 0) if 'exp.train: error:' in l]
+    ft.test_eq(len(lines), 1)
+    assert f'the run so far is in {tmp_path / "run.partial"} (its checkpoint: epoch 0' in lines[0], lines[0]
+    assert lines[0].endswith(f'continue it with: torchrun --standalone --nproc-per-node 2 -m exp.train --resume {tmp_path / "run.partial"}'), lines[0]
+    ft.test_eq(torch.load(tmp_path / 'run.partial' / 'model.pth', weights_only=True)['epoch'], 0)
+    assert not (tmp_path / 'run').exists()
+
+
 def test_exp_train_under_torchrun_refuses_a_batch_that_does_not_split(tmp_path, no_torchrun_env):
     proc = launch('-m', 'exp.train', '--arch', 'mlp', '--bs', 33, '--out', tmp_path / 'run', nproc=2, timeout=120,
                   check=False, env=CPU_ONLY)
     assert proc.returncode != 0
     assert 'exp.train: error: the batch size 33 does not split evenly over 2 processes' in proc.stderr
-    assert '[rank 1] error: the batch size 33' in proc.stderr
+    assert 'exp.train: error: [rank 1] the batch size 33' in proc.stderr
     assert not (tmp_path / 'run').exists()
 
 

@@ -395,3 +395,97 @@ def test_scales_match_gradscaler_on_cuda():
     run = Runner(cbs=[DeviceCallback('cuda'), InjectInf(inject), Trace()])
     run.fit(1, learn)
     ft.test_eq(run.trace.scales, gradscaler_scales(len(run.trace.scales), inject, 2.**8, 2, device='cuda'))
+
+
+# ---------------------------------------------------------------- when steps keep being skipped
+
+from exp.callbacks import NonFiniteError
+
+
+def fp16_learner(**kwargs):
+    set_seed(0)
+    learn = Learner(make_data(), bn_mlp(), F.cross_entropy, lr=0.1)
+    return to_fp16(learn, **kwargs)
+
+
+def test_overflow_at_the_floor_stops_the_fit_naming_epoch_and_batch():
+    "Every step from batch 20 overflows (as a nan in the data, or a diverged model, makes them): 2**6 halves to the floor in 6 skips."
+    learn = fp16_learner(loss_scale=2.**6)
+    run = Runner(cbs=[InjectInf(range(20, 10**6), float('nan'))])
+    n = len(learn.data.train_dl)  # 15 batches an epoch
+    with pytest.raises(NonFiniteError, match=f'gradients are not finite at epoch 1, batch {26 - n}, with the loss scale at its floor '
+                                             r'\(min_scale=1; 6 steps skipped in all\)'):
+        run.fit(5, learn)
+    ft.test_eq(run.mixed_precision.loss_scale, 1.)
+    ft.test_eq({p.dtype for p in learn.model.parameters()}, {torch.float32})  # torn down all the same
+
+
+def test_a_few_bad_batches_are_skipped_and_training_goes_on():
+    learn = fp16_learner(loss_scale=2.**6)
+    run = Runner(cbs=[InjectInf([3, 17])])
+    run.fit(2, learn)
+    ft.test_eq((run.mixed_precision.skipped, run.mixed_precision.loss_scale), (2, 2.**4))
+
+
+def test_the_floor_can_be_set_and_an_lr_finder_just_ends_there():
+    learn = fp16_learner(loss_scale=2.**6, min_scale=2.**4)
+    run = Runner(cbs=[InjectInf(range(0, 10**6))])
+    with pytest.raises(NonFiniteError, match='min_scale=16; 2 steps skipped'): run.fit(1, learn)
+    learn = fp16_learner(loss_scale=2.**6)
+    finder = LRFinder(max_iter=50)
+    run = Runner(cbs=[finder, InjectInf(range(5, 10**6))])
+    run.fit(5, learn)  # ended by the floor: a CancelTrainException, no error
+    ft.test_eq(run.mixed_precision.loss_scale, 1.)
+
+
+@pytest.mark.parametrize('kwargs,message', [
+    (dict(loss_scale=1e-10), 'loss_scale=1e-10 is too small for float16, whose smallest positive number is 2\\*\\*-24'),
+    (dict(loss_scale=float('inf')), 'loss_scale must be a finite number > 0, got inf'),
+    (dict(loss_scale=float('nan')), 'loss_scale must be a finite number > 0, got nan'),
+    (dict(loss_scale=True), 'loss_scale must be a finite number > 0, got True'),
+    (dict(loss_scale=0.), 'loss_scale must be a finite number > 0, got 0.0'),
+    (dict(min_scale=2.**-30), 'min_scale=9.31323e-10 is too small for float16'),
+    (dict(loss_scale=1., min_scale=2.), 'need min_scale <= loss_scale <= max_scale, got 2, 1, 1.67772e\\+07'),
+])
+def test_a_loss_scale_fp16_cannot_use_is_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message): MixedPrecision(**kwargs)
+    MixedPrecision(loss_scale=2.**-24, min_scale=2.**-24)  # the smallest it can hold
+
+
+def test_a_raising_after_fit_ordered_before_mixed_precision_leaves_the_model_fp32():
+    "Its after_fit runs first (teardown is in reverse); mixed precision's still runs, and the next fit trains."
+    class LateTeardown(Callback):
+        _order = 200
+        def after_fit(self): raise RuntimeError('teardown failed')
+    learn = fp16_learner()
+    with pytest.raises(RuntimeError, match='teardown failed'): Runner(cbs=[LateTeardown()]).fit(1, learn)
+    ft.test_eq({p.dtype for p in learn.model.parameters()}, {torch.float32})
+    model_params = set(map(id, learn.model.parameters()))
+    ft.test_eq({id(p) for pg in learn.opt.param_groups for p in pg['params']}, model_params)  # the model's own again
+    Runner().fit(1, learn)  # and the next fit trains
+
+
+EVENTS_THAT_FAIL = ('begin_fit', 'begin_batch', 'after_backward', 'after_step', 'after_epoch', 'after_fit')
+
+
+def fail_at(event: str, order: int) -> Callback:
+    "A callback that raises RuntimeError at `event` (in training batch 2 for the batch events), ordered before or after MixedPrecision."
+    def fail(self):
+        if event in ('begin_fit', 'after_epoch', 'after_fit') or (self.in_train and self.n_iter == 2):
+            raise RuntimeError(f'failed at {event}')
+    return type('FailAt', (Callback,), {'_order': order, event: fail})()
+
+
+@pytest.mark.parametrize('order', [50, 200], ids=['before_mp', 'after_mp'])
+@pytest.mark.parametrize('event,flat_master', [(e, False) for e in EVENTS_THAT_FAIL] + [('after_backward', True), ('after_fit', True)])
+def test_a_failure_at_any_event_leaves_the_model_fp32_with_its_own_parameters_in_the_optimizer(event, flat_master, order):
+    learn = fp16_learner(flat_master=flat_master)
+    model_params = [id(p) for p in learn.model.parameters()]
+    with pytest.raises(RuntimeError, match=f'failed at {event}'): Runner(cbs=[fail_at(event, order)]).fit(1, learn)
+    ft.test_eq({p.dtype for p in learn.model.parameters()}, {torch.float32})
+    ft.test_eq([id(p) for pg in learn.opt.param_groups for p in pg['params']], model_params)
+    assert all(p.grad is None for p in learn.model.parameters())
+    before = [p.detach().clone() for p in learn.model.parameters()]
+    Runner().fit(1, learn)  # the next fit trains, in fp16 again, and moves the model's own weights
+    assert any(not torch.equal(p, b) for p, b in zip(learn.model.parameters(), before))
+    ft.test_eq({p.dtype for p in learn.model.parameters()}, {torch.float32})

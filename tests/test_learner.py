@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
-from torch import nn
+from torch import nn, optim
 
 import exp.learner  # noqa: F401  (patches the Learner)
 from exp.callbacks import AvgStatsCallback, Callback, CancelEpochException, DataBunch, Learner
@@ -181,10 +181,11 @@ def test_resume_is_bit_identical(tmp_path):
 
 def test_interrupt_message_and_usable_model(tmp_path, capsys):
     learn = make_learner(fp16=True)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as info:
         learn.fit(3, cbs=[SaveModelCallback(tmp_path / 'c.pth'), StopAfter(1)])
-    err = capsys.readouterr().err
-    assert 'Interrupted during epoch 1' in err and str(tmp_path / 'c.pth') in err
+    (note,) = info.value.__notes__  # shown under the traceback; printed nothing
+    assert 'Interrupted during epoch 1' in note and str(tmp_path / 'c.pth') in note
+    ft.test_eq(capsys.readouterr().err, '')
     ft.test_eq({p.dtype for p in learn.model.parameters()}, {torch.float32})
     learn.predict(learn.data.valid_ds.x)  # usable
 
@@ -330,17 +331,17 @@ def test_show_events_of_a_typical_learner(tmp_path, capsys):
     learn.run.show_events()
     table = {line[:20].strip(): line[20:].split(', ') for line in capsys.readouterr().out.splitlines()}
     ft.test_eq(table, {
-        'begin_fit': ['TrainEvalCallback', 'Recorder', 'ProgressCallback', 'ParamScheduler', 'ParamScheduler',
-                      'AvgStatsCallback', 'SaveModelCallback', 'EarlyStopping', 'MixedPrecision'],
-        'begin_epoch': ['TrainEvalCallback', 'ProgressCallback', 'AvgStatsCallback'],
+        'begin_fit': ['TrainEvalCallback', 'Recorder', 'ProgressCallback', 'TerminateOnNaNCallback', 'ParamScheduler',
+                      'ParamScheduler', 'AvgStatsCallback', 'SaveModelCallback', 'EarlyStopping', 'MixedPrecision'],
+        'begin_epoch': ['TrainEvalCallback', 'ProgressCallback', 'TerminateOnNaNCallback', 'AvgStatsCallback'],
         'begin_batch': ['ParamScheduler', 'ParamScheduler', 'MixedPrecision'],
         'after_pred': ['MixedPrecision'],
-        'after_loss': ['Recorder', 'AvgStatsCallback', 'MixedPrecision'],
+        'after_loss': ['Recorder', 'TerminateOnNaNCallback', 'AvgStatsCallback', 'MixedPrecision'],
         'after_backward': ['MixedPrecision'],
         'after_step': ['MixedPrecision'],
         'after_batch': ['TrainEvalCallback', 'ProgressCallback'],
-        'begin_validate': ['TrainEvalCallback', 'ProgressCallback'],
-        'after_epoch': ['AvgStatsCallback', 'SaveModelCallback', 'EarlyStopping'],
+        'begin_validate': ['TrainEvalCallback', 'ProgressCallback', 'TerminateOnNaNCallback'],
+        'after_epoch': ['TerminateOnNaNCallback', 'AvgStatsCallback', 'SaveModelCallback', 'EarlyStopping'],
         'after_fit': ['MixedPrecision', 'ProgressCallback'],  # teardown in reverse
         'after_cancel_batch': ['-'], 'after_cancel_step': ['-'], 'after_cancel_epoch': ['-'],
         'after_cancel_train': ['EarlyStopping']})
@@ -440,3 +441,204 @@ def test_the_seeds_example_as_written():
     ft.test_eq(len(learn.data.train_ds), 12396)
     assert learn.run.avg_stats.history[-1]['valid_accuracy'] >= 0.96
     assert {p.dtype for p in learn.model.parameters()} == {torch.float32}
+
+
+# ---------------------------------------------------------------- checkpoints under faults
+
+import copy
+import random
+import zipfile
+
+import numpy as np
+
+from exp.callbacks import NonFiniteError
+from exp.learner import CheckpointMismatch, TerminateOnNaNCallback
+
+
+def everything(learn) -> dict:
+    "Every state a load could change: model, optimizer, the learner's callbacks, the global RNGs, the samplers."
+    return {'model': {k: v.clone() for k, v in learn.model.state_dict().items()},
+            'opt': copy.deepcopy(learn.opt.state_dict()), 'cbs': [copy.deepcopy(cb.state_dict()) for cb in learn.cbs],
+            'torch': torch.get_rng_state(), 'python': random.getstate(), 'numpy': np.random.get_state(),
+            'data': learn.data.state_dict(), 'dtypes': [p.dtype for p in learn.model.parameters()]}
+
+
+def same(a, b) -> bool:
+    "Equal, through dicts, lists, tuples, numpy arrays and tensors."
+    if isinstance(a, dict): return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)): return type(a) == type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor): return isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray): return np.array_equal(a, b)
+    return a == b
+
+
+@pytest.fixture
+def saved(tmp_path) -> tuple[Path, bytes]:
+    "A checkpoint of a two-epoch fp16 fit (its callbacks' states included), and its bytes."
+    learn = make_learner(fp16=True)
+    learn.fit(2, cbs=[SaveModelCallback(tmp_path / 'good.pth')])
+    path = tmp_path / 'good.pth'
+    return path, path.read_bytes()
+
+
+def test_a_flipped_bit_anywhere_is_refused(saved, tmp_path):
+    path, raw = saved
+    learn = make_learner(seed=3, fp16=True)
+    learn.fit(1)
+    before = everything(learn)
+    positions = sorted({*range(0, len(raw), max(1, len(raw) // 150)), *range(len(raw) - 120, len(raw))})
+    loaded_by_torch = 0
+    for i in positions:
+        bad = bytearray(raw)
+        bad[i] ^= 1 << (i % 8)
+        (tmp_path / 'bad.pth').write_bytes(bad)
+        with pytest.raises(ValueError, match='bad.pth is (damaged|truncated)'): learn.load(tmp_path / 'bad.pth')
+        try: torch.load(tmp_path / 'bad.pth', weights_only=True); loaded_by_torch += 1
+        except Exception: pass
+    assert loaded_by_torch > len(positions) // 2  # what torch alone would have taken as weights
+    assert same(everything(learn), before)
+
+
+@pytest.mark.parametrize('keep', [0, 1, 100, 0.5, -1])
+def test_a_truncated_or_empty_checkpoint_is_one_line_naming_the_file(saved, tmp_path, keep):
+    path, raw = saved
+    n = len(raw) - 1 if keep == -1 else int(len(raw) * keep) if isinstance(keep, float) else keep
+    (tmp_path / 'cut.pth').write_bytes(raw[:n])
+    with pytest.raises(ValueError) as info: make_learner(fp16=True).load(tmp_path / 'cut.pth')
+    message = str(info.value)
+    assert str(tmp_path / 'cut.pth') in message and 'truncated' in message and '\n' not in message, message
+
+
+def test_a_checkpoint_without_a_digest_is_checked_by_its_crcs(saved, tmp_path):
+    "Version 2 files written before the digest: the archive's CRCs catch a flipped bit in a weight."
+    path, raw = saved
+    old = raw[:-75 - 2] + b'\x00\x00'  # the same archive, its comment (75 bytes and their length) taken off
+    (tmp_path / 'old.pth').write_bytes(old)
+    make_learner(fp16=True).load(tmp_path / 'old.pth')
+    with zipfile.ZipFile(tmp_path / 'old.pth') as z:
+        info = z.getinfo(next(n for n in z.namelist() if '/data/' in n and z.getinfo(n).file_size > 64))
+    name_len, extra_len = (int.from_bytes(old[info.header_offset + i:info.header_offset + i + 2], 'little') for i in (26, 28))
+    offset = info.header_offset + 30 + name_len + extra_len  # the member's data: after its local header (padded by torch)
+    bad = bytearray(old)
+    bad[offset + 5] ^= 1
+    (tmp_path / 'old.pth').write_bytes(bad)
+    with pytest.raises(ValueError, match='fails its CRC check'): make_learner(fp16=True).load(tmp_path / 'old.pth')
+
+
+def rewrite(path: Path, dest: Path, change) -> Path:
+    "The checkpoint at `path`, changed by `change(state)`, written to `dest` (with torch.save: no digest, CRCs only)."
+    state = torch.load(path, weights_only=True)
+    change(state)
+    torch.save(state, dest)
+    return dest
+
+
+def drop_a_group(state):
+    state['opt']['param_groups'].append({**state['opt']['param_groups'][0], 'params': []})
+
+
+MISFITS = {  # piece: (how the checkpoint is changed, what the error says)
+    'model shape': (lambda s: s['model'].__setitem__('0.weight', torch.zeros(3, 3)), "its model state does not fit this learner: 0.weight is (3, 3) in the checkpoint, (16, 20) in the model"),
+    'model keys': (lambda s: s['model'].pop('3.bias'), "the model has ['3.bias'] that the checkpoint lacks"),
+    'optimizer class': (lambda s: s.__setitem__('opt_class', 'torch.optim.sgd.SGD'), "it comes from the optimizer torch.optim.sgd.SGD, and this learner's is exp.optimizers.SGD"),
+    'param groups': (drop_a_group, '2 parameter groups in the checkpoint, 1 in the optimizer'),
+    'buffer shape': (lambda s: s['opt']['state'][0].__setitem__('momentum_buffer', torch.zeros(2)), 'momentum_buffer of parameter 0 is (2,), the parameter (16, 20)'),
+    'rng': (lambda s: s['rng'].__setitem__('torch', torch.zeros(3, dtype=torch.uint8)), 'its rng state does not fit'),
+    'python rng': (lambda s: s['rng'].__setitem__('python', (3, (1, 2), None)), 'its rng state does not fit'),
+    'sampler': (lambda s: s['data'].__setitem__('samplers', [torch.zeros(3, dtype=torch.uint8), None]), "a sampler's state does not fit its generator"),
+    'scaler': (lambda s: s['callbacks']['mixed_precision'].__setitem__('loss_scale', -1.), "a MixedPrecision state holds 'loss_scale'"),
+}
+
+
+@pytest.mark.parametrize('piece', MISFITS)
+def test_a_checkpoint_that_does_not_fit_leaves_the_learner_exactly_as_it_was(saved, tmp_path, piece):
+    change, message = MISFITS[piece]
+    bad = rewrite(saved[0], tmp_path / 'misfit.pth', change)
+    learn = make_learner(seed=3, fp16=True)
+    learn.fit(1)  # a learner with a state of its own: momentum, a loss scale, moved RNGs and samplers
+    before = everything(learn)
+    with pytest.raises(CheckpointMismatch) as info: learn.load(bad)
+    assert message in str(info.value) and str(bad) in str(info.value), str(info.value)
+    assert same(everything(learn), before)
+    learn.load(saved[0])  # and a checkpoint that fits still loads into it
+    assert not same(everything(learn), before)
+
+
+def test_a_checkpoint_of_another_optimizer_class_is_refused_naming_both(saved, tmp_path):
+    learn = make_learner(fp16=True)
+    learn.opt = optim.Adam(learn.model.parameters(), lr=1e-3)
+    with pytest.raises(CheckpointMismatch, match="comes from the optimizer exp.optimizers.SGD, and this learner's is torch.optim.adam.Adam"):
+        learn.load(saved[0])
+    learn.opt = optim.SGD(learn.model.parameters(), lr=0.1, momentum=0.9)  # the same algorithm, torch's class: not ours
+    with pytest.raises(CheckpointMismatch, match="comes from the optimizer exp.optimizers.SGD, and this learner's is torch.optim.sgd.SGD"):
+        learn.load(saved[0])
+    from exp.minibatch import Optimizer
+    learn.opt = Optimizer(learn.model.parameters(), lr=0.1)  # notebook 03's, and ours
+    with pytest.raises(CheckpointMismatch, match="this learner's is exp.minibatch.Optimizer"): learn.load(saved[0])
+
+
+def test_a_callback_state_that_does_not_fit_is_caught_before_anything_loads(saved, tmp_path):
+    "A learner whose own AvgStatsCallback has other columns: nothing of the checkpoint is loaded."
+    learn = make_learner(fp16=True, metrics=())
+    learn.cbs.append(AvgStatsCallback([accuracy, lambda p, y: accuracy(p, y)], print_stats=False))
+    bad = rewrite(saved[0], tmp_path / 'table.pth', lambda s: None)
+    before = everything(learn)
+    with pytest.raises(CheckpointMismatch, match="its callbacks state does not fit this learner: the checkpoint's table has the columns"):
+        learn.load(bad)
+    assert same(everything(learn), before)
+
+
+# ---------------------------------------------------------------- a loss that is not finite
+
+class NaNLossAt(Callback):
+    "The loss of training batch `at` (counted over the fit) becomes nan, or `value`."
+    run_before = (TerminateOnNaNCallback,)
+    def __init__(self, at, value=float('nan')): self.at, self.value = at, value
+    def after_loss(self):
+        if self.in_train and self.n_iter == self.at: self.run.loss = self.loss * self.value
+
+
+@pytest.mark.parametrize('value', [float('nan'), float('inf')])
+def test_a_non_finite_loss_stops_the_fit_naming_epoch_and_batch(value):
+    learn = make_learner()
+    n = len(learn.data.train_dl)  # 12 batches an epoch
+    with pytest.raises(NonFiniteError, match=f'the training loss is {value} at epoch 1, batch 3: training stopped'):
+        learn.fit(3, cbs=[NaNLossAt(n + 3, value)])
+    assert all(p.isfinite().all() for p in learn.model.parameters())  # stopped before the step: the weights are finite
+    ft.test_eq(len(learn.run.avg_stats.history), 1)  # epoch 1 never finished
+
+
+def test_the_check_stops_before_the_epoch_is_saved_and_can_be_turned_off(tmp_path):
+    learn = make_learner()
+    with pytest.raises(NonFiniteError): learn.fit(2, cbs=[SaveModelCallback(tmp_path / 'c.pth'), NaNLossAt(14)])
+    ft.test_eq(torch.load(tmp_path / 'c.pth', weights_only=True)['epoch'], 0)  # the last good epoch, not overwritten
+    learn = make_learner()
+    learn.terminate_on_nan = False
+    learn.fit(1, cbs=[NaNLossAt(2)])  # trains on, in silence, as before
+    assert not all(p.isfinite().all() for p in learn.model.parameters())
+
+
+def test_the_check_stands_aside_for_the_lr_finder_and_dynamic_fp16():
+    learn = make_learner()
+    learn.lr_find(max_iter=20, max_lr=1e6)  # diverges to inf: the finder's own business
+    learn = make_learner(fp16=True)
+    learn.fit(1, cbs=[NaNLossAt(2)])  # one bad batch in fp16: a skipped step, not a stop
+    ft.test_eq(learn.cbs[0].skipped, 1)
+
+
+def test_off_the_cpu_the_losses_are_checked_once_per_epoch():
+    "The path for a GPU (reading a loss there waits for the device): the epoch's losses, checked together, name the batch."
+    cb = TerminateOnNaNCallback()
+    cb.run = type('Run', (), {'epoch': 4})()
+    cb.kept = [torch.tensor(1.), torch.tensor(float('inf')), torch.tensor(float('nan'))]
+    with pytest.raises(NonFiniteError, match='the training loss is inf at epoch 4, batch 1'): cb._check_kept()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+def test_on_a_gpu_a_non_finite_loss_stops_before_the_epoch_is_saved(tmp_path):
+    from exp.cnn import DeviceCallback
+    learn = make_learner()
+    learn.cbs.append(DeviceCallback('cuda'))
+    with pytest.raises(NonFiniteError, match='at epoch 1, batch 2'):
+        learn.fit(2, cbs=[SaveModelCallback(tmp_path / 'c.pth'), NaNLossAt(len(learn.data.train_dl) + 2)])
+    ft.test_eq(torch.load(tmp_path / 'c.pth', weights_only=True)['epoch'], 0)

@@ -74,8 +74,9 @@ def test_dataset():
     with pytest.raises(ValueError, match='x is empty'): Dataset(torch.zeros(0, 3), torch.zeros(0))
 
 
-@pytest.mark.parametrize('bs', [0, -1, 2.5, None])
+@pytest.mark.parametrize('bs', [0, -1, 2.5, None, True, False])
 def test_sampler_bad_bs(bs):
+    "Refused, a bool too: True is an int to Python, and would be a batch of one."
     with pytest.raises(ValueError, match=f'bs must be a positive int, got {bs!r}'):
         Sampler(range(5), bs)
 

@@ -1,12 +1,19 @@
-"""Tests for exp.train: the options, the run folder, the command line end to end, resume, and the default run's accuracy."""
+"""Tests for exp.train: the options, the run folder and its claim, the command line end to end, resume, what survives
+which fault (each in a real process, the fault at a point the test controls), and the default run's accuracy."""
 import csv
 import json
 import os
 import runpy
+import shlex
+import shutil
+import signal
 import socket
 import subprocess
 import sys
+import textwrap
+import time
 import warnings
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -16,8 +23,10 @@ from fastcore import test as ft  # fastcore.test.test_eq would be collected by p
 import exp.learner
 from exp.callbacks import Callback
 from exp.data import IDX_FILES
-from exp.train import (CHECKPOINT, DEFAULT_LRS, TrainConfig, Trainer, build_learner, build_model, check_config,
-                       check_out, load_databunch, resolve_fp16)
+from exp.data import write_idx
+from exp.train import (CHECKPOINT, DEFAULT_LRS, TRACEBACK, RunClaim, RunFolderError, TrainConfig, Trainer, build_learner,
+                       build_model, check_config, check_out, claim_run_folder, find_run, load_databunch, make_parser,
+                       partial_folder, resolve_fp16)
 
 COLUMNS = ['epoch', 'train_loss', 'train_accuracy', 'valid_loss', 'valid_accuracy', 'time']
 RUN_FILES = ['config.json', 'loss.png', 'lr.png', 'metrics.csv', 'model.pth']
@@ -61,10 +70,35 @@ def workdir(tmp_path, monkeypatch):
 
 @pytest.fixture(scope='module')
 def mlp_run(tmp_path_factory) -> Path:
-    "A finished 2-epoch MLP run folder, made with the library (not the CLI), for the tests that resume from one."
+    "A finished 2-epoch MLP run folder, made with the library (not the CLI)."
     out = tmp_path_factory.mktemp('mlp') / 'run'
     Trainer(arch='mlp', epochs=2, out=out).fit()
     return out
+
+
+class Interrupt(Callback):
+    "Raise `exc` at the end of epoch `epoch`, after SaveModelCallback wrote its checkpoint."
+    _order = 50
+    def __init__(self, epoch: int = 0, exc=KeyboardInterrupt): self.stop, self.exc = epoch, exc
+    def after_epoch(self):
+        if self.epoch == self.stop: raise self.exc()
+
+
+@pytest.fixture(scope='module')
+def mlp_partial_master(tmp_path_factory) -> Path:
+    "The partial folder of a 2-epoch MLP run (seed 4) stopped by a Ctrl-C after epoch 0: copy it before resuming it."
+    trainer = Trainer(arch='mlp', epochs=2, seed=4, out=tmp_path_factory.mktemp('partial') / 'run')
+    trainer.learn.cbs.append(Interrupt(0))
+    with pytest.raises(KeyboardInterrupt): trainer.fit()
+    return trainer.kept
+
+
+@pytest.fixture
+def mlp_partial(mlp_partial_master, tmp_path) -> Path:
+    "A copy of that partial folder, in this test's own folder."
+    folder = tmp_path / mlp_partial_master.name
+    shutil.copytree(mlp_partial_master, folder)
+    return folder
 
 
 # ---------------------------------------------------------------- options
@@ -88,16 +122,23 @@ def test_check_config_normalises():
     (dict(arch='resnet'), "--arch must be one of mlp, cnn, simple_cnn; got 'resnet'"),
     (dict(fp16='fp8'), "--fp16 must be one of auto, on, off, bf16; got 'fp8'"),
     (dict(seed=-1), '--seed must be >= 0'),
+    (dict(seed=2**63), '--seed must be <= 9223372036854775807, got 9223372036854775808'),
     (dict(lr=0.1, lr_find=True), 'give --lr or --lr-find, not both'),
-    (dict(resume='nowhere.pth'), '--resume nowhere.pth: no such checkpoint file'),
+    (dict(lr_find=True, resume='x'), '--lr-find cannot continue a run'),
 ])
 def test_check_config_refuses(kwargs, message):
     with pytest.raises(ValueError) as info: check_config(TrainConfig(**kwargs))
     assert message in str(info.value), str(info.value)
 
 
-def test_resume_folder_means_its_checkpoint(mlp_run):
-    ft.test_eq(check_config(TrainConfig(resume=mlp_run)).resume, str(mlp_run / CHECKPOINT))
+def test_find_run_takes_the_folder_its_checkpoint_or_its_name(mlp_partial, mlp_run, tmp_path):
+    out = mlp_partial.with_name('run')
+    for given in (mlp_partial, mlp_partial / CHECKPOINT, out): ft.test_eq(find_run(given), mlp_partial)
+    for given, message in ((mlp_run, 'that run is finished'), (mlp_run / CHECKPOINT, 'that run is finished'),
+                           (tmp_path / 'nowhere', 'no such run folder'), (mlp_partial / 'config.json', "not a run's model.pth")):
+        with pytest.raises(ValueError, match=message): find_run(given)
+    (tmp_path / 'other.partial').mkdir()
+    with pytest.raises(ValueError, match='not a run folder of exp.train'): find_run(tmp_path / 'other.partial')
 
 
 def test_check_out(tmp_path):
@@ -108,6 +149,8 @@ def test_check_out(tmp_path):
     default = check_out()
     ft.test_eq(default.parent, Path('runs'))
     assert not default.exists()
+    (tmp_path / 'link').symlink_to(tmp_path / 'empty', target_is_directory=True)
+    with pytest.raises(ValueError, match=r'--out .*link is a symbolic link \(to .*empty\)'): check_out(tmp_path / 'link')
 
 
 def test_resolve_fp16():
@@ -139,46 +182,79 @@ def closed_port_url() -> str:
         return f'http://127.0.0.1:{s.getsockname()[1]}/'
 
 
-def make_bad_args(work: Path, mlp_run: Path) -> dict:
+def idx_folder(folder: Path, train_shape=(64, 20, 20), valid_shape=(16, 20, 20), labels=None, dtype=torch.uint8) -> Path:
+    "A folder of the four IDX files: random images of the shapes given, labels 0-2 unless `labels` (train, valid) are given."
+    g = torch.Generator().manual_seed(0)
+    y_train, y_valid = labels or (torch.randint(0, 3, train_shape[:1], generator=g), torch.arange(valid_shape[0]) % 3)
+    for stem, t in zip(IDX_FILES, [torch.randint(0, 256, train_shape, dtype=torch.uint8, generator=g), y_train.to(dtype),
+                                   torch.randint(0, 256, valid_shape, dtype=torch.uint8, generator=g), y_valid.to(dtype)]):
+        write_idx(folder / stem, t)
+    return folder
+
+
+def make_bad_args(work: Path, mlp_run: Path, partial: Path) -> dict:
     "The argument lists of the bad-argument cases, with what each needs set up in `work`."
     (work / 'afile').write_text('a file, not a folder')
     (work / 'full').mkdir()
     (work / 'full' / 'x.txt').write_text('a previous run')
     (work / 'no-idx').mkdir()
     (work / 'garbage.pth').write_bytes(b'not a checkpoint')
+    (work / 'link').symlink_to(work / 'no-idx', target_is_directory=True)
+    shutil.copytree(partial, work / 'held.partial')
+    idx_folder(work / 'sizes', valid_shape=(16, 16, 49))
+    idx_folder(work / 'empty', valid_shape=(0, 20, 20), labels=(torch.arange(64) % 3, torch.zeros(0)))
+    idx_folder(work / 'negative', labels=(torch.arange(64) % 3 - 1, torch.arange(16) % 3), dtype=torch.int8)
+    idx_folder(work / 'outside', labels=(torch.arange(64) % 3, torch.arange(16) % 5))
+    idx_folder(work / 'huge', labels=(torch.full((64,), 2**31 - 1), torch.arange(16) % 3), dtype=torch.int32)
     return {
         'negative epochs': (['--epochs', '-1'], '--epochs must be >= 1, got -1'),
         'zero epochs': (['--epochs', '0'], '--epochs must be >= 1, got 0'),
         'zero bs': (['--bs', '0'], '--bs must be >= 1, got 0'),
         'negative lr': (['--lr', '-0.1'], '--lr must be a number > 0, got -0.1'),
+        'infinite lr': (['--lr', 'inf'], '--lr must be a number > 0, got inf'),
         'lr and lr-find': (['--lr', '0.1', '--lr-find'], 'give --lr or --lr-find, not both'),
         'unknown data name': (['--data', 'cifar10'], "--data 'cifar10' is neither a known data set"),
         'folder without IDX files': (['--data', 'no-idx'], 'no train-images-idx3-ubyte'),
+        'train and valid images of other sizes': (['--data', 'sizes'], 'the train images are 20 x 20, the valid images 16 x 49'),
+        'an empty split': (['--data', 'empty'], '--data empty: the valid split is empty'),
+        'a negative label': (['--data', 'negative'], '--data negative: a train label is -1'),
+        'a valid label outside the train labels': (['--data', 'outside'], "a valid label is 4, outside the train labels' 0 to 2"),
+        'a huge label': (['--data', 'huge'], 'a train label is 2147483647: more than 10,000 classes'),
         'unknown arch': (['--arch', 'resnet'], '--arch must be one of mlp, cnn, simple_cnn'),
         'unknown fp16 mode': (['--fp16', 'fp8'], '--fp16 must be one of auto, on, off, bf16'),
         'negative seed': (['--seed', '-3'], '--seed must be >= 0'),
+        'seed beyond an int64': (['--seed', str(2**63)], '--seed must be <= 9223372036854775807'),
         'out under a file': (['--out', 'afile/run'], 'is not a folder'),
         'out is a file': (['--out', 'afile'], 'exists and is not a folder'),
         'out not empty': (['--out', 'full'], 'the folder exists and is not empty'),
+        'out is a symbolic link': (['--out', 'link'], '--out link is a symbolic link'),
+        'out holds an unfinished run': (['--out', 'held'], 'an unfinished run is in held.partial: continue it with --resume held.partial'),
         'out unwritable': (['--out', '/proc/exp-train-test/run'], 'cannot create a folder in /proc'),
-        'resume missing': (['--resume', 'missing.pth'], '--resume missing.pth: no such checkpoint file'),
-        'resume garbage': (['--resume', 'garbage.pth'], '--resume garbage.pth: cannot load it (garbage.pth is not a checkpoint'),
-        'resume other arch': (['--resume', mlp_run], 'its weights do not fit the --arch cnn model'),
-        'resume nothing left': (['--arch', 'mlp', '--epochs', '2', '--resume', mlp_run], 'leaves nothing to train'),
-        'resume with lr-find': (['--arch', 'mlp', '--resume', mlp_run, '--lr-find'], '--lr-find cannot continue a run'),
+        'resume missing': (['--resume', 'missing'], '--resume missing: no such run folder'),
+        'resume a file': (['--resume', 'garbage.pth'], "--resume garbage.pth: a file, but not a run's model.pth"),
+        'resume a finished run': (['--resume', mlp_run], 'that run is finished'),
+        'resume, another arch': (['--resume', 'held.partial', '--arch', 'cnn'], "--arch cnn (the run's: --arch mlp)"),
+        'resume with lr-find': (['--resume', 'held.partial', '--lr-find'], '--lr-find cannot continue a run'),
+        'argparse: not an int': (['--epochs', 'many'], "argument --epochs: invalid int value: 'many'"),
+        'argparse: not a float': (['--lr', 'fast'], "argument --lr: invalid float value: 'fast'"),
+        'argparse: an unknown option': (['--ephocs', '3'], 'unrecognized arguments: --ephocs 3'),
+        'argparse: a missing value': (['--out'], 'argument --out: expected one argument'),
     }
 
 
-BAD_CASES = ['negative epochs', 'zero epochs', 'zero bs', 'negative lr', 'lr and lr-find', 'unknown data name',
-             'folder without IDX files', 'unknown arch', 'unknown fp16 mode', 'negative seed', 'out under a file',
-             'out is a file', 'out not empty', 'out unwritable', 'resume missing', 'resume garbage',
-             'resume other arch', 'resume nothing left', 'resume with lr-find']
+BAD_CASES = ['negative epochs', 'zero epochs', 'zero bs', 'negative lr', 'infinite lr', 'lr and lr-find', 'unknown data name',
+             'folder without IDX files', 'train and valid images of other sizes', 'an empty split', 'a negative label',
+             'a valid label outside the train labels', 'a huge label', 'unknown arch', 'unknown fp16 mode', 'negative seed',
+             'seed beyond an int64', 'out under a file', 'out is a file', 'out not empty', 'out is a symbolic link',
+             'out holds an unfinished run', 'out unwritable', 'resume missing', 'resume a file', 'resume a finished run',
+             'resume, another arch', 'resume with lr-find', 'argparse: not an int', 'argparse: not a float',
+             'argparse: an unknown option', 'argparse: a missing value']
 
 
 @pytest.mark.parametrize('case', BAD_CASES)
-def test_cli_bad_argument(case, workdir, mlp_run, capsys):
+def test_cli_bad_argument_is_one_line_naming_it(case, workdir, mlp_run, mlp_partial, capsys):
     if case == 'out unwritable' and not Path('/proc').is_dir(): pytest.skip('needs /proc (Linux)')
-    args, message = make_bad_args(workdir, mlp_run)[case]
+    args, message = make_bad_args(workdir, mlp_run, mlp_partial)[case]
     before = files_under(workdir)
     code = cli(*args)
     out, err = capsys.readouterr()
@@ -212,13 +288,17 @@ def test_cli_no_network(workdir, tmp_path, monkeypatch, capsys):
     ft.test_eq([p for p in cache.rglob('*') if p.is_file()], [])  # no half-downloaded file in the cache either
 
 
-def test_cli_unparseable_value(workdir, capsys):
-    # argparse reports what it cannot parse itself: its usage, then one error line; still code 2, still nothing written
-    code = cli('--epochs', 'many')
-    _, err = capsys.readouterr()
-    ft.test_eq(code, 2)
-    assert err.strip().splitlines()[-1].endswith("error: argument --epochs: invalid int value: 'many'"), err
-    ft.test_eq(files_under(workdir), set())
+def test_help_names_the_program_as_it_was_called(monkeypatch):
+    proc = subprocess.run([sys.executable, '-m', 'exp.train', '--help'], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith('usage: ') and ' -m exp.train [-h]' in proc.stdout.splitlines()[0], proc.stdout
+    installed = shutil.which('exp-train')
+    if installed:  # the console script pip installs
+        proc = subprocess.run([installed, '--help'], capture_output=True, text=True, timeout=120)
+        assert proc.stdout.startswith('usage: exp-train [-h]'), proc.stdout
+        proc = subprocess.run([installed, '--epochs', 'x'], capture_output=True, text=True, timeout=120)
+        ft.test_eq(proc.stderr, "exp-train: error: argument --epochs: invalid int value: 'x'\n")
+    for k, v in {'TORCHELASTIC_RUN_ID': 'job', 'WORLD_SIZE': '2', 'LOCAL_WORLD_SIZE': '2'}.items(): monkeypatch.setenv(k, v)
+    assert make_parser().format_usage().startswith('usage: torchrun --standalone --nproc-per-node 2 -m exp.train\n')
 
 
 # ---------------------------------------------------------------- runs
@@ -291,15 +371,19 @@ def interrupt_after(epoch: int, monkeypatch) -> None:
     monkeypatch.setattr(exp.learner.SaveModelCallback, 'after_epoch', save_then_interrupt)
 
 
-def test_cli_resume(workdir, monkeypatch, capsys):
-    "3 epochs straight, and the same run stopped after epoch 1 then resumed: the same weights, bit for bit (CPU)."
-    args = ['--arch', 'mlp', '--seed', '4', '--epochs', '3']
+def test_cli_resume_alone_continues_the_same_run(workdir, monkeypatch, capsys):
+    "3 epochs straight, and the same run stopped after epoch 1 then resumed with --resume alone: the same weights, bit for bit (CPU)."
+    args = ['--arch', 'mlp', '--seed', '4', '--epochs', '3', '--bs', '64', '--no-one-cycle', '--lr', '0.05']
     ft.test_eq(cli(*args, '--out', 'straight'), 0)
     with monkeypatch.context() as m:
         interrupt_after(1, m)
         ft.test_eq(cli(*args, '--out', 'resumed'), 130)
-    (partial,) = workdir.glob('.resumed.partial-*')
-    ft.test_eq(cli(*args, '--out', 'resumed', '--resume', partial / CHECKPOINT), 0)
+    err = capsys.readouterr().err
+    ft.test_eq(err.count('\n'), 1)
+    assert err.startswith('exp.train: error: interrupted (Ctrl-C), during epoch 1; the run so far is in resumed.partial '
+                          '(its checkpoint: epoch 1)') and err.rstrip().endswith(' -m exp.train --resume resumed.partial'), err
+    ft.test_eq(sorted(p.name for p in (workdir / 'resumed.partial').iterdir()), ['.claim', 'config.json', CHECKPOINT])
+    ft.test_eq(cli('--resume', 'resumed.partial'), 0)
     straight, resumed = model_state(workdir / 'straight' / CHECKPOINT), model_state(workdir / 'resumed' / CHECKPOINT)
     ft.test_eq(sorted(straight), sorted(resumed))
     for k in straight: ft.test_eq(straight[k], resumed[k])
@@ -307,51 +391,152 @@ def test_cli_resume(workdir, monkeypatch, capsys):
     _, straight_rows = read_metrics(workdir / 'straight' / 'metrics.csv')
     ft.test_eq([r[0] for r in rows], ['0', '1', '2'])  # the whole run: epochs 0 and 1 from the checkpoint
     ft.test_eq([r[:5] for r in rows], [r[:5] for r in straight_rows])  # the straight run's numbers (all but the time)
-    ft.test_eq(json.loads((workdir / 'resumed' / 'config.json').read_text())['resume'], str(partial / CHECKPOINT))
+    ft.test_eq(json.loads((workdir / 'resumed' / 'config.json').read_text()),
+               {**json.loads((workdir / 'straight' / 'config.json').read_text()), 'out': 'resumed'})  # its config from the start
+    ft.test_eq(sorted(p.name for p in workdir.iterdir()), ['resumed', 'straight'])  # the partial folder became the run
 
 
-def test_resume_with_more_epochs(mlp_run, tmp_path, capsys):
-    "Continuing a finished 2-epoch run to 3 epochs works, and says that the one-cycle schedule changes."
-    trainer = Trainer(arch='mlp', epochs=3, out=tmp_path / 'more', resume=mlp_run)
-    assert 'the one-cycle schedule now spans 3' in capsys.readouterr().err
-    trainer.fit()
-    ft.test_eq([r['epoch'] for r in trainer.history], [0, 1, 2])  # the earlier epochs' rows come from the checkpoint
+@pytest.mark.parametrize('given,message', [
+    (dict(epochs=30), "--epochs 30 (the run's: --epochs 2)"),
+    (dict(lr=0.3), "--lr 0.3 (the run's: --lr 0.03)"),
+    (dict(bs=16), "--bs 16 (the run's: --bs 32)"),
+    (dict(arch='cnn'), "--arch cnn (the run's: --arch mlp)"),
+    (dict(seed=5), "--seed 5 (the run's: --seed 4)"),
+    (dict(fp16='bf16'), "--fp16 bf16 (the run's: --fp16 off)"),
+    (dict(one_cycle=False), "--no-one-cycle (the run's: --one-cycle)"),
+    (dict(data='fashion'), "--data fashion (the run's: --data mnist5k)"),
+    (dict(out='elsewhere'), '--out elsewhere (the run'),
+    (dict(epochs=30, lr=0.3, seed=4), "--epochs 30 (the run's: --epochs 2); --lr 0.3 (the run's: --lr 0.03)"),
+])
+def test_resume_refuses_an_option_that_would_change_the_run(mlp_partial, given, message):
+    with pytest.raises(ValueError) as info: Trainer(resume=mlp_partial, **given)
+    assert 'a resumed run keeps the options it started with; these would change it: ' in str(info.value)
+    assert message in str(info.value) and '--seed' not in str(info.value).split(message)[-1], str(info.value)
 
 
-class Interrupt(Callback):
-    "Raise KeyboardInterrupt at the end of epoch `epoch`, after SaveModelCallback wrote its checkpoint."
-    _order = 50
-    def __init__(self, epoch: int = 0, exc=KeyboardInterrupt): self.stop, self.exc = epoch, exc
-    def after_epoch(self):
-        if self.epoch == self.stop: raise self.exc()
+def test_resume_takes_options_equal_to_the_runs(mlp_partial):
+    trainer = Trainer(resume=mlp_partial, arch='mlp', epochs=2, seed=4, fp16='auto', lr=0.03, one_cycle=True)  # auto: off here
+    ft.test_eq((trainer.cfg.epochs, trainer.cfg.lr, trainer.start_epoch, trainer.out), (2, 0.03, 1, mlp_partial.with_name('run')))
 
 
 def test_interrupted_run_keeps_a_resumable_partial_folder(tmp_path):
     trainer = Trainer(arch='mlp', epochs=3, seed=4, out=tmp_path / 'run')
     trainer.learn.cbs.append(Interrupt(0))
     with pytest.raises(KeyboardInterrupt): trainer.fit()
-    assert not (tmp_path / 'run').exists() and trainer.partial.name.startswith('.run.partial-')
-    ft.test_eq(sorted(p.name for p in trainer.partial.iterdir()), [CHECKPOINT])
-    resumed = Trainer(arch='mlp', epochs=3, seed=4, out=tmp_path / 'run', resume=trainer.partial / CHECKPOINT)
+    assert not (tmp_path / 'run').exists()
+    ft.test_eq(trainer.kept, tmp_path / 'run.partial')
+    ft.test_eq(sorted(p.name for p in trainer.kept.iterdir()), ['.claim', 'config.json', CHECKPOINT])
+    ft.test_eq(RunClaim.holder(trainer.kept), None)  # released: free to be resumed
+    resumed = Trainer(resume=trainer.kept)
     ft.test_eq(resumed.start_epoch, 1)
     resumed.fit()
     ft.test_eq([r['epoch'] for r in resumed.history], [0, 1, 2])  # epoch 0's row from the checkpoint
+    ft.test_eq(sorted(p.name for p in tmp_path.iterdir()), ['run'])
 
 
-def test_cli_interrupted(workdir, monkeypatch, capsys):
-    interrupt_after(0, monkeypatch)
-    ft.test_eq(cli('--arch', 'mlp', '--epochs', '2', '--out', 'run'), 130)
-    err = capsys.readouterr().err
-    (partial,) = workdir.iterdir()
-    partial = partial.relative_to(workdir)
-    assert partial.name.startswith('.run.partial-') and f'continue it with --resume {partial / CHECKPOINT}' in err, err
-
-
-def test_failed_run_leaves_nothing(tmp_path):
+def test_a_failure_before_any_checkpoint_leaves_nothing(tmp_path):
+    class Boom(Callback):
+        def after_batch(self):
+            if self.n_iter == 3: raise RuntimeError('boom')
     trainer = Trainer(arch='mlp', epochs=2, out=tmp_path / 'run')
-    trainer.learn.cbs.append(Interrupt(0, exc=RuntimeError))
-    with pytest.raises(RuntimeError): trainer.fit()
-    ft.test_eq(list(tmp_path.iterdir()), [])
+    trainer.learn.cbs.append(Boom())
+    with pytest.raises(RuntimeError) as info: trainer.fit()
+    ft.test_eq(list(tmp_path.iterdir()), [])  # the partial folder held only its config: removed
+    ft.test_eq(trainer.report(info.value), 'RuntimeError: boom, during epoch 0, before any checkpoint: nothing was kept; '
+                                           'run the same command again')
+
+
+def test_a_failure_after_a_checkpoint_keeps_it_with_the_traceback(tmp_path):
+    trainer = Trainer(arch='mlp', epochs=3, out=tmp_path / 'run')
+    trainer.learn.cbs.append(Interrupt(1, exc=lambda: RuntimeError('a callback failed')))
+    with pytest.raises(RuntimeError) as info: trainer.fit()
+    kept = tmp_path / 'run.partial'
+    ft.test_eq(sorted(p.name for p in kept.iterdir()), ['.claim', 'config.json', CHECKPOINT, TRACEBACK])
+    assert 'RuntimeError: a callback failed' in (kept / TRACEBACK).read_text()
+    ft.test_eq(torch.load(kept / CHECKPOINT, weights_only=True)['epoch'], 1)
+    line = trainer.report(info.value)
+    assert line.startswith(f'RuntimeError: a callback failed, during epoch 1; the run so far is in {kept} (its checkpoint: '
+                           f'epoch 1; the traceback is in {kept / TRACEBACK}); continue it with: '), line
+    assert line.endswith(f' -m exp.train --resume {kept}') and '\n' not in line
+    resumed = Trainer(resume=kept)
+    resumed.fit()
+    ft.test_eq(sorted(p.name for p in (tmp_path / 'run').iterdir()), RUN_FILES)  # no traceback, no claim: a finished run
+
+
+def test_a_run_stopped_after_its_last_epoch_is_finished_by_resuming(tmp_path, monkeypatch):
+    "Stopped while it writes its plots: its epochs are all done, and --resume writes the rest, training nothing."
+    import exp.train
+    draw = exp.train._save_plot
+    def stopped_at_the_loss_plot(plot, path):
+        if path.name == 'loss.png': raise KeyboardInterrupt
+        draw(plot, path)
+    with monkeypatch.context() as m:
+        m.setattr(exp.train, '_save_plot', stopped_at_the_loss_plot)
+        trainer = Trainer(arch='mlp', epochs=2, out=tmp_path / 'run')
+        with pytest.raises(KeyboardInterrupt) as info: trainer.fit()
+    assert 'after the last epoch' not in trainer.report(info.value) and ', writing the run folder;' in trainer.report(info.value)
+    resumed = Trainer(resume=trainer.kept)
+    ft.test_eq(resumed.start_epoch, 2)
+    assert 'all trained: writing the run folder' in resumed.describe(resumed.learn.lr)
+    n_batches = len(resumed.learn.data.train_dl)
+    resumed.fit()
+    ft.test_eq([r['epoch'] for r in resumed.history], [0, 1])
+    ft.test_eq(len(resumed.learn.recorder.losses), 2 * n_batches)  # the plot covers the run, from the checkpoint
+    ft.test_eq(sorted(p.name for p in tmp_path.iterdir()), ['run'])
+    ft.test_eq(sorted(p.name for p in (tmp_path / 'run').iterdir()), RUN_FILES)
+
+
+def test_a_partial_folder_without_checkpoint_resumes_from_the_start(tmp_path):
+    "A run killed in its first epoch left its config and no checkpoint: --resume trains it from epoch 0, as configured."
+    out, folder, claim = claim_run_folder(tmp_path / 'run')
+    config = TrainConfig(arch='mlp', epochs=1, lr=0.05, seed=7, fp16='off', out=str(out))
+    (folder / 'config.json').write_text(json.dumps(asdict(config)))
+    claim.release()  # the process died
+    trainer = Trainer(resume=folder)
+    ft.test_eq((trainer.start_epoch, trainer.cfg.lr, trainer.cfg.seed), (0, 0.05, 7))
+    trainer.fit()
+    ft.test_eq(sorted(p.name for p in out.iterdir()), RUN_FILES)
+
+
+def test_two_trainers_in_the_same_second_get_their_own_folders(workdir, monkeypatch):
+    import exp.train
+    class Frozen(exp.train.datetime):
+        @classmethod
+        def now(cls, tz=None): return cls(2026, 12, 1, 10, 0, 0)
+    monkeypatch.setattr(exp.train, 'datetime', Frozen)
+    first, second = Trainer(arch='mlp', epochs=1), Trainer(arch='mlp', epochs=1)
+    ft.test_eq(first.out, second.out)  # both checked the same free name
+    first.out, first.folder, first.claim = claim_run_folder(first.out, more=True)  # as first.fit() begins ...
+    second.fit()  # ... the second claims and trains meanwhile
+    first.claim.release()
+    ft.test_eq(second.out, Path('runs/2026-12-01_10-00-00-1'))
+    ft.test_eq(sorted(p.name for p in (workdir / 'runs').iterdir()), ['2026-12-01_10-00-00-1', '2026-12-01_10-00-00.partial'])
+
+
+CLAIM = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from exp.train import RunFolderError, claim_run_folder
+    go = Path(sys.argv[1])
+    while not go.exists(): time.sleep(0.01)
+    try: print(claim_run_folder(Path(sys.argv[2]), more=sys.argv[3] == 'more')[0].name)
+    except RunFolderError as e: print('refused:', e)
+    """)
+
+
+@pytest.mark.parametrize('more', [True, False])
+def test_claims_race_in_processes(tmp_path, more):
+    "Four processes claim one name at the same moment: with the default name each gets its own, with --out exactly one."
+    go = tmp_path / 'go'
+    procs = [subprocess.Popen([sys.executable, '-c', CLAIM, str(go), str(tmp_path / 'run'), 'more' if more else 'one'],
+                              stdout=subprocess.PIPE, text=True) for _ in range(4)]
+    time.sleep(0.5)
+    go.touch()
+    outputs = sorted(p.communicate(timeout=120)[0].strip() for p in procs)
+    if more: ft.test_eq(outputs, ['run', 'run-1', 'run-2', 'run-3'])
+    else:
+        ft.test_eq(outputs[-1], 'run')
+        assert all(o.startswith('refused: --out') and 'run.partial' in o for o in outputs[:-1]), outputs
 
 
 def test_trainer_runs_once(tmp_path):
@@ -361,19 +546,145 @@ def test_trainer_runs_once(tmp_path):
     with pytest.raises(TypeError): Trainer(epoch=3)
 
 
-def test_data_folder(tmp_path):
-    "A folder of IDX files as --data: the images' own size and class count."
-    from exp.data import write_idx
-    g = torch.Generator().manual_seed(0)
-    for stem, t in zip(IDX_FILES, [torch.randint(0, 256, (64, 20, 20), dtype=torch.uint8, generator=g),
-                                   torch.randint(0, 3, (64,), dtype=torch.uint8, generator=g),
-                                   torch.randint(0, 256, (16, 20, 20), dtype=torch.uint8, generator=g),
-                                   torch.arange(16, dtype=torch.uint8) % 3]):
-        write_idx(tmp_path / 'idx' / stem, t)
+@pytest.mark.parametrize('side', [(20, 20), (16, 49)])
+def test_data_folder(tmp_path, side):
+    "A folder of IDX files as --data: the images' own height and width, from the IDX header, and their class count."
+    idx_folder(tmp_path / 'idx', train_shape=(64, *side), valid_shape=(16, *side))
     for arch in ('mlp', 'cnn', 'simple_cnn'):
         trainer = Trainer(data=tmp_path / 'idx', arch=arch, epochs=1, bs=16, out=tmp_path / arch)
-        ft.test_eq((trainer.learn.data.c, trainer.learn.data.train_ds.x.shape[1:]), (3, (1, 20, 20)))
+        ft.test_eq((trainer.learn.data.c, trainer.learn.data.train_ds.x.shape[1:]), (3, (1, *side)))
         trainer.fit()
+    ft.test_eq(json.loads((tmp_path / 'mlp' / 'config.json').read_text())['data'], str((tmp_path / 'idx').resolve()))
+
+
+# ---------------------------------------------------------------- faults, each in a real process
+
+FAULT = Path(__file__).parent / 'fault_train.py'
+MLP = ['--arch', 'mlp', '--epochs', '2', '--seed', '9', '--bs', '64', '--lr', '0.05', '--no-one-cycle']  # not the defaults
+
+
+def start_faulty(work: Path, mode: str, *args) -> tuple[subprocess.Popen, Path]:
+    "Start exp.train with fault `mode` (tests/fault_train.py) in `work`; wait until it reaches the fault's point (bounded)."
+    ready = work / f'ready-{mode}'
+    proc = subprocess.Popen([sys.executable, str(FAULT), str(ready), mode, *args], cwd=work, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    deadline = time.monotonic() + 240
+    while not ready.exists() and proc.poll() is None and time.monotonic() < deadline: time.sleep(0.05)
+    assert ready.exists(), f'never reached the point of the fault: {proc.poll()}'
+    return proc, ready
+
+
+def run_printed_command(err: str, work: Path) -> subprocess.CompletedProcess:
+    "Run the command the trainer's one line printed, exactly as printed."
+    command = err.split('continue it with: ')[1].strip()
+    return subprocess.run(shlex.split(command), cwd=work, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, 'OMP_NUM_THREADS': '1'})
+
+
+@pytest.fixture(scope='module')
+def straight_mlp(tmp_path_factory) -> dict:
+    "The weights of the MLP run the fault tests use, trained straight through in a process like theirs."
+    work = tmp_path_factory.mktemp('straight')
+    proc = subprocess.run([sys.executable, '-m', 'exp.train', *MLP, '--out', 'run'], cwd=work, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert proc.returncode == 0, proc.stderr
+    return model_state(work / 'run' / CHECKPOINT)
+
+
+@pytest.mark.parametrize('sig,code', [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_keeps_the_run_and_the_printed_command_continues_it(tmp_path, straight_mlp, sig, code):
+    proc, _ = start_faulty(tmp_path, 'pause', *MLP, '--out', 'run')
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=120)
+    ft.test_eq((proc.returncode, err.count('\n')), (code, 1))
+    what = 'interrupted (Ctrl-C)' if sig == signal.SIGINT else f'stopped by {signal.Signals(sig).name}'
+    assert err.startswith(f'exp.train: error: {what}, during epoch 0; the run so far is in run.partial (its checkpoint: epoch 0)'), err
+    ft.test_eq(torch.load(tmp_path / 'run.partial' / CHECKPOINT, weights_only=True)['epoch'], 0)
+    done = run_printed_command(err, tmp_path)  # the options come from the run: its --resume alone
+    assert done.returncode == 0, done.stderr
+    assert 'mlp on mnist5k' in done.stdout and '2 epochs, resuming at epoch 1, bs 64, lr 0.05' in done.stdout, done.stdout
+    ft.test_eq(sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith('ready')), ['run'])
+    ft.test_eq(sorted(p.name for p in (tmp_path / 'run').iterdir()), RUN_FILES)
+    resumed = model_state(tmp_path / 'run' / CHECKPOINT)
+    for k, v in straight_mlp.items(): ft.test_eq(resumed[k], v)  # the same run as if nothing had happened
+
+
+def test_a_second_trainer_on_a_held_out_folder_is_refused_at_once(tmp_path):
+    first, _ = start_faulty(tmp_path, 'pause', *MLP, '--out', 'run')
+    try:
+        second = subprocess.run([sys.executable, '-m', 'exp.train', '--out', 'run'], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=120)
+        ft.test_eq((second.returncode, second.stderr.count('\n')), (2, 1))
+        assert f'exp.train: error: --out run: run.partial is held by a trainer that is running now (pid {first.pid} on ' in second.stderr, second.stderr
+        resumer = subprocess.run([sys.executable, '-m', 'exp.train', '--resume', 'run.partial'], cwd=tmp_path,
+                                 capture_output=True, text=True, timeout=120)
+        ft.test_eq(resumer.returncode, 2)
+        assert 'held by a trainer that is running now' in resumer.stderr, resumer.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+    ft.test_eq(first.returncode, 143)
+    assert (tmp_path / 'run.partial' / CHECKPOINT).is_file()
+
+
+def test_kill_9_in_a_save_then_the_next_start_cleans_up_and_resumes(tmp_path, straight_mlp):
+    "SIGKILL while the second checkpoint is written: the first stays; the next start removes the .part and takes the folder over."
+    proc, _ = start_faulty(tmp_path, 'pause-in-save', *MLP, '--out', 'run')
+    proc.kill()
+    proc.communicate(timeout=60)
+    folder = tmp_path / 'run.partial'
+    parts = list(folder.glob('.*.part'))
+    ft.test_eq(len(parts), 1)  # what the killed process was writing
+    ft.test_eq(torch.load(folder / CHECKPOINT, weights_only=True)['epoch'], 0)  # the last good checkpoint, intact
+    ft.test_eq(RunClaim.holder(folder), None)  # its lock died with it: no stale claim to clear by hand
+    again = subprocess.run([sys.executable, '-m', 'exp.train', *MLP, '--out', 'run'], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    ft.test_eq(again.returncode, 2)
+    assert 'an unfinished run is in run.partial: continue it with --resume run.partial' in again.stderr, again.stderr
+    done = subprocess.run([sys.executable, '-m', 'exp.train', '--resume', 'run.partial'], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    assert done.returncode == 0, done.stderr
+    ft.test_eq(sorted(p.name for p in (tmp_path / 'run').iterdir()), RUN_FILES)  # no .part, no claim
+    resumed = model_state(tmp_path / 'run' / CHECKPOINT)
+    for k, v in straight_mlp.items(): ft.test_eq(resumed[k], v)
+
+
+def check_disk_full(err: str, kept: Path, code: int) -> None:
+    "What a full disk must leave: one line, the checkpoint of epoch 0 intact, no temporary file."
+    ft.test_eq((code, err.count('\n')), (1, 1))
+    assert 'exp.train: error: No space left on device, during epoch 1; the run so far is in ' in err and '--resume ' in err, err
+    ft.test_eq(torch.load(kept / CHECKPOINT, weights_only=True)['epoch'], 0)
+    ft.test_eq(list(kept.glob('*.part')), [])
+
+
+def test_disk_full_injected_enospc(tmp_path):
+    "The write of the second checkpoint fails with ENOSPC (injected at its fsync): runs everywhere."
+    proc = subprocess.run([sys.executable, str(FAULT), str(tmp_path / 'unused'), 'enospc', *MLP, '--out', 'run'], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, 'OMP_NUM_THREADS': '1'})
+    check_disk_full(proc.stderr, tmp_path / 'run.partial', proc.returncode)
+
+
+def tmpfs_available(mount_point: Path) -> str:
+    "'' if a small tmpfs can be mounted in a private mount namespace here (root, unshare), else why not."
+    if not hasattr(os, 'geteuid') or os.geteuid() != 0: return 'needs root to mount a tmpfs'
+    if not shutil.which('unshare'): return 'needs unshare (util-linux)'
+    probe = subprocess.run(['unshare', '-m', 'mount', '-t', 'tmpfs', '-o', 'size=64k', 'tmpfs', str(mount_point)],
+                           capture_output=True, text=True, timeout=60)
+    return '' if probe.returncode == 0 else f'cannot mount a tmpfs here: {probe.stderr.strip()}'
+
+
+def test_disk_full_on_a_small_tmpfs(tmp_path):
+    "A real full disk: the run folder on a 1000 KiB tmpfs, room for one checkpoint (650 KB) but not for the next beside it."
+    mnt, save = tmp_path / 'mnt', tmp_path / 'saved'
+    mnt.mkdir()
+    why = tmpfs_available(mnt)
+    if why: pytest.skip(f'{why}; test_disk_full_injected_enospc covers the same fault')
+    script = (f'mount -t tmpfs -o size=1000k tmpfs {shlex.quote(str(mnt))} && cd {shlex.quote(str(mnt))} && '
+              f'{shlex.quote(sys.executable)} -m exp.train {" ".join(MLP)} --out run; code=$?; '
+              f'cp -a {shlex.quote(str(mnt))}/. {shlex.quote(str(save))}/; exit $code')
+    save.mkdir()
+    proc = subprocess.run(['unshare', '-m', 'sh', '-c', script], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, 'OMP_NUM_THREADS': '1'})  # the mount lives and dies with that namespace
+    check_disk_full(proc.stderr, save / 'run.partial', proc.returncode)
 
 
 # ---------------------------------------------------------------- the default run

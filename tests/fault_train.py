@@ -1,0 +1,63 @@
+"""`python -m exp.train`, run as a user runs it, with a fault at a point the test chooses, so fault tests need no race.
+
+Usage: python tests/fault_train.py READY MODE [exp.train's options ...]
+MODE:
+  pause          after the checkpoint of epoch 0 is written, create the file READY and wait (for the test's signal)
+  pause-in-save  while the checkpoint of epoch 1 is written, its temporary file complete but not yet renamed:
+                 create READY and wait (for the test's SIGKILL)
+  enospc         the write of the checkpoint of epoch 1 fails as on a full disk (ENOSPC at its fsync)
+  die-rank1      under torchrun: rank 1 exits at the start of epoch 1, as a crashed process would
+"""
+import errno
+import os
+import pathlib
+import runpy
+import sys
+import time
+
+import exp.learner
+
+ready, mode, args = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+
+
+def wait_here():
+    ready.touch()
+    time.sleep(300)  # the test signals long before; if it does not, its own timeout ends it
+
+
+saves = []
+save = exp.learner.SaveModelCallback.after_epoch
+
+
+def after_epoch(self):
+    saves.append(self.epoch)
+    save(self)
+    if mode == 'pause' and self.epoch == 0: wait_here()
+
+
+exp.learner.SaveModelCallback.after_epoch = after_epoch
+
+if mode == 'pause-in-save':
+    replace = os.replace
+    def replace_or_wait(src, dst, *a, **k):
+        if str(dst).endswith('model.pth') and saves == [0, 1]: wait_here()
+        return replace(src, dst, *a, **k)
+    os.replace = replace_or_wait
+elif mode == 'enospc':
+    fsync = os.fsync
+    def fsync_or_full(fd):
+        if '.model.pth.' in os.readlink(f'/proc/self/fd/{fd}') and saves == [0, 1]:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return fsync(fd)
+    os.fsync = fsync_or_full
+elif mode == 'die-rank1':
+    from exp.callbacks import TrainEvalCallback
+    train_begin_epoch = TrainEvalCallback.begin_epoch
+    def begin_epoch_or_die(self):
+        if os.environ.get('RANK') == '1' and self.epoch == 1: os._exit(1)
+        train_begin_epoch(self)
+    TrainEvalCallback.begin_epoch = begin_epoch_or_die
+elif mode != 'pause': sys.exit(f'unknown mode {mode}')
+
+sys.argv = ['exp.train', *args]
+runpy.run_module('exp.train', run_name='__main__')
