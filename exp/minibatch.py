@@ -9,6 +9,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.utils.data import BatchSampler, SequentialSampler
 
 from .backprop import ExerciseError, exercise, expect_close
 from .loss import accuracy
@@ -139,7 +140,6 @@ def get_dls(train_ds: Dataset, valid_ds: Dataset, bs: int, **kwargs) -> tuple[Da
 @exercise
 def check_n_batches(n_batches: Callable) -> None:
     "Exercise 1: `n_batches(n, bs, drop_last)` is the number of batches of `bs` out of `n` items."
-    from torch.utils.data import BatchSampler, SequentialSampler
     for n, bs, drop_last in [(1000, 128, False), (1000, 128, True), (4000, 64, False), (10, 3, True), (10, 3, False), (5, 8, True)]:
         got, want = n_batches(n, bs, drop_last), len(BatchSampler(SequentialSampler(range(n)), bs, drop_last))
         what = f"n_batches({n}, {bs}, {drop_last})"

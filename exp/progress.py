@@ -144,7 +144,8 @@ def check_redrawn_line(redrawn_line: Callable) -> None:
         got = redrawn_line(raw)
         if not isinstance(got, str): raise ExerciseError(f"redrawn_line({raw!r}) should be a string, got {got!r}")
         if got == want: continue
-        if got == raw.split('\r')[-1] or got == [p for p in raw.split('\r') if p][-1:][0]:
+        parts = raw.split('\r')
+        if got in (parts[-1], [p for p in parts if p][-1]):  # the last part alone, or the last that is not empty
             raise ExerciseError(f"redrawn_line({raw!r}) is {got!r}, should be {want!r}: '\\r' does not erase the line, "
                                 "so where the new text is shorter the end of the old one still shows")
         raise ExerciseError(f"redrawn_line({raw!r}) is {got!r}, should be {want!r}. Hint: split at '\\r'; each part "
