@@ -3,6 +3,8 @@ reports an exercise not yet answered without failing. The reference solutions li
 import copy
 import math
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -15,11 +17,13 @@ from exp.learner import check_resume_start, check_suggest_lr
 from exp.exercises import ExerciseError, check_mse, check_one_hot, check_relu, exercise, expect_close
 from exp.batchnorm import check_fold_bn, check_instance_norm, check_running_var_after
 from exp.cnn import check_conv_out_size, check_conv_params
+from exp.distributed import check_averaged_grad, check_rank_share
 from exp.early_stopping import check_lr_at, check_stopping_epoch
 from exp.hooks import check_fan_in, check_he_std, check_zero_fraction
 from exp.progress import check_eta, check_redrawn_line
 from exp.minibatch import check_epoch_loss, check_n_batches
 from exp.optimizers import check_adam_first_step, check_ewma_after_three, check_rmsprop_step
+from exp.train import check_cycle_lrs, check_partial_folder
 
 
 def not_answered(*args, **kwargs):
@@ -27,6 +31,18 @@ def not_answered(*args, **kwargs):
 
 
 # ---------------------------------------------------------------- reference solutions
+
+def cycle_lrs(max_lr): return max_lr / 10, max_lr / 1e5
+
+
+def rank_share(batch, rank, world_size): return batch[rank::world_size]
+
+
+def averaged_grad(grads, sizes): return sum(g * n for g, n in zip(grads, sizes)) / sum(sizes)
+
+
+def partial_name(out): return Path(out).with_name(Path(out).name + '.partial')
+
 
 def resume_start(saved_epoch, epochs): return min(saved_epoch + 1, epochs)
 
@@ -377,6 +393,26 @@ CHECKS = [
         (lambda losses, sizes: (losses * sizes).sum(), 'divide it by the number of items'),
         (lambda losses, sizes: float((losses * sizes).sum() / sizes.sum()) * 1.01, r'is wrong: its element 0 .*; weight each batch'),
         (lambda losses, sizes: losses * sizes / sizes.sum(), 'has shape \\(8,\\), but should have shape \\(\\)')]),
+    (check_cycle_lrs, cycle_lrs, [
+        (lambda lr: (lr / 25, lr / 25e4), "fastai's default"),
+        (lambda lr: (lr / 10, lr / 1e6), 'final_div divides the peak lr'),
+        (lambda lr: (lr * 10, lr * 1e5), 'divide'),
+        (lambda lr: (lr / 10, lr / 1e4), r'cycle_lrs\(0.1\) = .*, should be \(0.01, 1e-06\)\. Hint'),
+        (lambda lr: lr / 10, 'should be a tuple of two numbers')]),
+    (check_partial_folder, partial_name, [
+        (lambda out: Path(out).with_suffix('.partial'), 'with_suffix replaces'),
+        (lambda out: out + '.partial', 'should be a Path'),
+        (lambda out: Path(out) / '.partial', r"partial_name\('runs/mlp'\) is 'runs/mlp/.partial', should be 'runs/mlp.partial'\. Hint")]),
+    (check_rank_share, rank_share, [
+        (lambda batch, rank, world: batch[rank * len(batch) // world:(rank + 1) * len(batch) // world], 'a block of the batch'),
+        (lambda batch, rank, world: batch[rank + 1::world], r'rank_share\(\[10, .*\], 0, 2\) is .*, should be \[10, 12, 14, 16\]\. Hint'),
+        (lambda batch, rank, world: set(batch[rank::world]), 'should be a list')]),
+    (check_averaged_grad, averaged_grad, [
+        (lambda grads, sizes: sum(grads) / len(grads), 'plain mean'),
+        (lambda grads, sizes: sum(grads), 'sum of the gradients'),
+        (lambda grads, sizes: sum(g * n for g, n in zip(grads, sizes)), 'divide the weighted sum'),
+        (lambda grads, sizes: grads[0], 'is wrong: its element'),
+        (lambda grads, sizes: sum(grads).sum(), 'should have shape')]),
 ]
 IDS = [check.__name__ for check, *_ in CHECKS]
 
