@@ -6,16 +6,17 @@
 from __future__ import annotations
 
 import math
-from functools import wraps
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .exercises import ExerciseError, exercise, expect_close
+
 # %% auto #0
-__all__ = ['LinearFunction', 'ReluFunction', 'Linear', 'Relu', 'ExerciseError', 'exercise', 'expect_close',
-           'check_sigmoid_backward', 'check_scale_backward', 'check_leaky_relu_function']
+__all__ = ['LinearFunction', 'ReluFunction', 'Linear', 'Relu', 'check_sigmoid_backward', 'check_scale_backward',
+           'check_leaky_relu_function']
 
 # %% ../nbs/02b_backprop.ipynb #f137cb4b
 class LinearFunction(torch.autograd.Function):
@@ -87,36 +88,6 @@ class Linear(nn.Module):
 class Relu(nn.Module):
     "A drop-in for nn.ReLU whose gradient comes from ReluFunction."
     def forward(self, x: Tensor) -> Tensor: return ReluFunction.apply(x)
-
-# %% ../nbs/02b_backprop.ipynb #a41e4ac9
-class ExerciseError(AssertionError):
-    "A wrong answer to an exercise: the message says what is wrong and hints at why."
-
-def exercise(check: Callable) -> Callable[..., None]:
-    "Make `check(answer)` an exercise's check: it prints 'correct', or that the answer is not filled in yet, or raises ExerciseError."
-    name = check.__name__.removeprefix('check_')
-    @wraps(check)
-    def _check(answer) -> None:
-        try:
-            if answer is ...: raise NotImplementedError  # a value still to be filled in
-            check(answer)
-        except NotImplementedError:  # an answer whose body is still `raise NotImplementedError`
-            print(f"{name}: not answered yet; fill in the cell and run it again")
-        else: print(f"{name}: correct")
-    return _check
-
-def expect_close(got, want: Tensor, what: str, mistakes: Sequence[tuple[Tensor, str]] = (), hint: str = '',
-                 eps: float = 1e-5) -> None:
-    "Raise ExerciseError unless `got` is a tensor shaped like `want` and within `eps` of it; a known mistake gets its own hint."
-    if not isinstance(got, Tensor): raise ExerciseError(f"{what} should be a tensor, got {type(got).__name__}")
-    if got.shape != want.shape: raise ExerciseError(f"{what} has shape {tuple(got.shape)}, but should have shape {tuple(want.shape)}")
-    close = lambda a, b: torch.allclose(a.double(), b.double(), rtol=eps, atol=eps)
-    if close(got, want): return
-    for wrong, wrong_hint in mistakes:
-        if wrong.shape == got.shape and close(got, wrong): raise ExerciseError(f"{what} is wrong: {wrong_hint}")
-    worst = int((got.double() - want.double()).abs().argmax())
-    raise ExerciseError(f"{what} is wrong: its element {worst} (counting in order) is {got.flatten()[worst].item():.6g} "
-                        f"but should be {want.flatten()[worst].item():.6g}" + (f"; {hint}" if hint else ''))
 
 # %% ../nbs/02b_backprop.ipynb #123382fc
 def _autograd_grad(f: Callable[[Tensor], Tensor], x: Tensor, out_g: Tensor) -> Tensor:

@@ -25,16 +25,57 @@ import urllib.request
 import zipfile
 import zlib
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Callable
 
 import numpy as np
 import torch
 
+from .exercises import ExerciseError, exercise, expect_close
+
 # %% auto #0
-__all__ = ['IDX_DTYPES', 'IDX_FILES', 'DATASETS', 'KNOWN_DATA', 'MNIST5K_SHA256', 'MAX_SEED', 'parse_idx', 'read_idx',
-           'atomic_write', 'write_idx', 'DownloadError', 'data_dir', 'sha256sum', 'download_file', 'remove_stale_parts',
-           'fetch_archive', 'fetch_dataset', 'load_idx_folder', 'get_data', 'show_images', 'normalize', 'set_seed',
-           'summarize', 'python_command', 'cli_error', 'CommandLine', 'main']
+__all__ = ['MAX_SEED', 'IDX_DTYPES', 'IDX_FILES', 'DATASETS', 'KNOWN_DATA', 'MNIST5K_SHA256', 'show_images', 'normalize',
+           'set_seed', 'parse_idx', 'read_idx', 'atomic_write', 'write_idx', 'DownloadError', 'data_dir', 'sha256sum',
+           'download_file', 'remove_stale_parts', 'fetch_archive', 'fetch_dataset', 'load_idx_folder', 'get_data',
+           'summarize', 'python_command', 'cli_error', 'CommandLine', 'main', 'check_idx_dims', 'check_normalize_valid']
+
+# %% ../nbs/01_data.ipynb #0932d7a7
+def show_images(x: torch.Tensor, y: torch.Tensor | None = None, n: int = 32, ncols: int = 8,
+                figsize: tuple[float, float] | None = None, cmap: str = 'gray_r'):
+    "A matplotlib grid of the first `n` images in `x` ((N, H*W), (N, H, W) or (N, 1, H, W)), titled by `y`."
+    import matplotlib.pyplot as plt  # here, not at import: loading data should not pay for matplotlib
+    if n <= 0 or ncols <= 0: raise ValueError(f"n and ncols must be positive, got n={n}, ncols={ncols}")
+    x = x[:n].detach().float().cpu()
+    if x.dim() == 2:
+        side = math.isqrt(x.shape[1])
+        if side * side != x.shape[1]: raise ValueError(f"x has {x.shape[1]} values per row, not a square image")
+        x = x.reshape(-1, side, side)
+    elif x.dim() == 4 and x.shape[1] == 1: x = x[:, 0]
+    elif x.dim() != 3: raise ValueError(f"x must be (N, H*W), (N, H, W) or (N, 1, H, W), got {tuple(x.shape)}")
+    nrows = math.ceil(len(x) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=figsize or (ncols * 1.1, nrows * 1.25), squeeze=False)
+    for i, ax in enumerate(axes.flat):
+        ax.axis('off')
+        if i >= len(x): continue
+        ax.imshow(x[i].numpy(), cmap=cmap)
+        if y is not None: ax.set_title(str(int(y[i])), fontsize=9)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/01_data.ipynb #e871e984
+def normalize(x: torch.Tensor, mean: float | torch.Tensor, std: float | torch.Tensor) -> torch.Tensor:
+    "`(x - mean) / std`; `std` must be non-zero."
+    if (torch.as_tensor(std) == 0).any(): raise ValueError(f"std must be non-zero, got {std}")
+    return (x - mean) / std
+
+MAX_SEED = 2**63 - 1  # the largest seed every generator takes (an int64)
+
+def set_seed(seed: int) -> None:
+    "Seed python's, numpy's and torch's random number generators (all devices), so runs repeat."
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be an int from 0 to 2**63 - 1, got {seed!r}")
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
 
 # %% ../nbs/01_data.ipynb #8d350155
 IDX_DTYPES = {0x08: np.dtype('>u1'), 0x09: np.dtype('>i1'), 0x0B: np.dtype('>i2'),
@@ -381,45 +422,6 @@ def get_data(name: str = 'mnist5k', path: str | os.PathLike | None = None, mirro
     if name not in DATASETS: raise ValueError(f"unknown data set name={name!r}; known: {', '.join(KNOWN_DATA)}")
     return load_idx_folder(fetch_dataset(name, mirror), flat)
 
-# %% ../nbs/01_data.ipynb #0932d7a7
-def show_images(x: torch.Tensor, y: torch.Tensor | None = None, n: int = 32, ncols: int = 8,
-                figsize: tuple[float, float] | None = None, cmap: str = 'gray_r'):
-    "A matplotlib grid of the first `n` images in `x` ((N, H*W), (N, H, W) or (N, 1, H, W)), titled by `y`."
-    import matplotlib.pyplot as plt  # here, not at import: loading data should not pay for matplotlib
-    if n <= 0 or ncols <= 0: raise ValueError(f"n and ncols must be positive, got n={n}, ncols={ncols}")
-    x = x[:n].detach().float().cpu()
-    if x.dim() == 2:
-        side = math.isqrt(x.shape[1])
-        if side * side != x.shape[1]: raise ValueError(f"x has {x.shape[1]} values per row, not a square image")
-        x = x.reshape(-1, side, side)
-    elif x.dim() == 4 and x.shape[1] == 1: x = x[:, 0]
-    elif x.dim() != 3: raise ValueError(f"x must be (N, H*W), (N, H, W) or (N, 1, H, W), got {tuple(x.shape)}")
-    nrows = math.ceil(len(x) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=figsize or (ncols * 1.1, nrows * 1.25), squeeze=False)
-    for i, ax in enumerate(axes.flat):
-        ax.axis('off')
-        if i >= len(x): continue
-        ax.imshow(x[i].numpy(), cmap=cmap)
-        if y is not None: ax.set_title(str(int(y[i])), fontsize=9)
-    fig.tight_layout()
-    return fig
-
-# %% ../nbs/01_data.ipynb #e871e984
-def normalize(x: torch.Tensor, mean: float | torch.Tensor, std: float | torch.Tensor) -> torch.Tensor:
-    "`(x - mean) / std`; `std` must be non-zero."
-    if (torch.as_tensor(std) == 0).any(): raise ValueError(f"std must be non-zero, got {std}")
-    return (x - mean) / std
-
-MAX_SEED = 2**63 - 1  # the largest seed every generator takes (an int64)
-
-def set_seed(seed: int) -> None:
-    "Seed python's, numpy's and torch's random number generators (all devices), so runs repeat."
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise ValueError(f"seed must be an int from 0 to 2**63 - 1, got {seed!r}")
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
 # %% ../nbs/01_data.ipynb #67d90ae6
 def summarize(name: str = 'mnist5k', path: str | os.PathLike | None = None) -> str:
     "A few lines describing data set `name` (or the IDX folder `path`): sizes, classes, pixel statistics."
@@ -476,3 +478,35 @@ def main(argv: list[str] | None = None) -> None:
     print(f"samples:    {out}")
 
 if __name__ == '__main__' and '__file__' in globals(): main()  # run as a command (a notebook's kernel is __main__ too, with no file)
+
+# %% ../nbs/01_data.ipynb #262b5272
+def _idx_bytes(dims: list[int]) -> bytes:
+    "The bytes of a uint8 IDX file of zeros with dimensions `dims`."
+    return bytes([0, 0, 0x08, len(dims)]) + b''.join(d.to_bytes(4, 'big') for d in dims) + bytes(math.prod(dims))
+
+@exercise
+def check_idx_dims(idx_dims: Callable[[bytes], list]) -> None:
+    "Exercise 1: `idx_dims(raw)` is the list of the dimensions in the header of the IDX bytes `raw`."
+    for dims in ([3, 300, 2], [1000], [2, 28, 28], [1, 2, 3, 260]):
+        raw = _idx_bytes(dims)
+        got = idx_dims(raw)
+        try: got = [int(d) for d in got]
+        except (TypeError, ValueError): raise ExerciseError(f"idx_dims should return a list of ints, got {got!r}") from None
+        if got == dims: continue
+        what = f"for an IDX file of shape {dims}, idx_dims gave {got}"
+        if got == [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], 'little') for i in range(len(dims))]:
+            raise ExerciseError(f"{what}: the dimensions are big-endian ('big'), most significant byte first")
+        if len(got) != len(dims):
+            raise ExerciseError(f"{what}: byte 3 of the header is the number of dimensions; read that many")
+        raise ExerciseError(f"{what}. Hint: dimension i is the 4 bytes from offset 4 + 4 * i")
+
+@exercise
+def check_normalize_valid(normalize_valid: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+    "Exercise 2: `normalize_valid(x_train, x_valid)` is `x_valid` normalised with the training set's mean and std."
+    gen = torch.Generator().manual_seed(0)
+    x_train, x_valid = torch.rand(200, 12, generator=gen), torch.rand(50, 12, generator=gen) * 0.8 + 0.1
+    expect_close(normalize_valid(x_train.clone(), x_valid.clone()), normalize(x_valid, x_train.mean(), x_train.std()),
+                 'normalize_valid(x_train, x_valid)', mistakes=[
+        (normalize(x_valid, x_valid.mean(), x_valid.std()), "that uses the validation set's own statistics: use the training set's"),
+        (x_valid - x_train.mean(), "subtracting the mean is half of it: divide by the training set's std too"),
+        (normalize(x_valid, x_train.mean(), x_train.var()), "divide by the standard deviation, not the variance")])

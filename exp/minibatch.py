@@ -9,11 +9,13 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.utils.data import BatchSampler, SequentialSampler
 
+from .backprop import ExerciseError, exercise, expect_close
 from .loss import accuracy
 
 # %% auto #0
-__all__ = ['Optimizer', 'Dataset', 'Sampler', 'collate', 'DataLoader', 'get_dls', 'fit']
+__all__ = ['Optimizer', 'fit', 'Dataset', 'Sampler', 'collate', 'DataLoader', 'get_dls', 'check_n_batches', 'check_epoch_loss']
 
 # %% ../nbs/03_minibatch_training.ipynb #32ca36b9
 class Optimizer:
@@ -35,6 +37,31 @@ class Optimizer:
         "Forget the gradients (set them to None, as PyTorch's optimizers do by default)."
         for pg in self.param_groups:
             for p in pg['params']: p.grad = None
+
+# %% ../nbs/03_minibatch_training.ipynb #f4924870
+def fit(epochs: int, model: nn.Module, loss_func: Callable, opt, train_dl: Iterable, valid_dl: Iterable,
+        verbose: bool = True) -> tuple[float, float]:
+    "Train `model` for `epochs`; returns the last epoch's validation loss and accuracy (weighted by batch size)."
+    if not isinstance(epochs, int) or epochs < 0: raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
+    valid_loss = valid_acc = float('nan')
+    for epoch in range(epochs):
+        model.train()
+        for xb, yb in train_dl:
+            loss = loss_func(model(xb), yb)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        model.eval()
+        total_loss, total_acc, count = 0., 0., 0
+        with torch.no_grad():
+            for xb, yb in valid_dl:
+                pred, n = model(xb), len(xb)
+                total_loss += loss_func(pred, yb).item() * n
+                total_acc += accuracy(pred, yb).item() * n
+                count += n
+        valid_loss, valid_acc = total_loss / count, total_acc / count
+        if verbose: print(f'epoch {epoch}: valid loss {valid_loss:.4f}, accuracy {valid_acc:.4f}')
+    return valid_loss, valid_acc
 
 # %% ../nbs/03_minibatch_training.ipynb #49b5f8f7
 class Dataset:
@@ -109,27 +136,29 @@ def get_dls(train_ds: Dataset, valid_ds: Dataset, bs: int, **kwargs) -> tuple[Da
     return (DataLoader(train_ds, Sampler(train_ds, bs, shuffle=True), **kwargs),
             DataLoader(valid_ds, Sampler(valid_ds, bs * 2), **kwargs))
 
-# %% ../nbs/03_minibatch_training.ipynb #f4924870
-def fit(epochs: int, model: nn.Module, loss_func: Callable, opt, train_dl: Iterable, valid_dl: Iterable,
-        verbose: bool = True) -> tuple[float, float]:
-    "Train `model` for `epochs`; returns the last epoch's validation loss and accuracy (weighted by batch size)."
-    if not isinstance(epochs, int) or epochs < 0: raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
-    valid_loss = valid_acc = float('nan')
-    for epoch in range(epochs):
-        model.train()
-        for xb, yb in train_dl:
-            loss = loss_func(model(xb), yb)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-        model.eval()
-        total_loss, total_acc, count = 0., 0., 0
-        with torch.no_grad():
-            for xb, yb in valid_dl:
-                pred, n = model(xb), len(xb)
-                total_loss += loss_func(pred, yb).item() * n
-                total_acc += accuracy(pred, yb).item() * n
-                count += n
-        valid_loss, valid_acc = total_loss / count, total_acc / count
-        if verbose: print(f'epoch {epoch}: valid loss {valid_loss:.4f}, accuracy {valid_acc:.4f}')
-    return valid_loss, valid_acc
+# %% ../nbs/03_minibatch_training.ipynb #1e68bf94
+@exercise
+def check_n_batches(n_batches: Callable) -> None:
+    "Exercise 1: `n_batches(n, bs, drop_last)` is the number of batches of `bs` out of `n` items."
+    for n, bs, drop_last in [(1000, 128, False), (1000, 128, True), (4000, 64, False), (10, 3, True), (10, 3, False), (5, 8, True)]:
+        got, want = n_batches(n, bs, drop_last), len(BatchSampler(SequentialSampler(range(n)), bs, drop_last))
+        what = f"n_batches({n}, {bs}, {drop_last})"
+        if isinstance(got, bool) or not isinstance(got, int): raise ExerciseError(f"{what} should be an int, got {got!r}")
+        if got == want: continue
+        if drop_last and got == -(-n // bs): raise ExerciseError(f"{what} is {got}, should be {want}: drop_last drops the last, smaller batch")
+        if not drop_last and got == n // bs: raise ExerciseError(f"{what} is {got}, should be {want}: without drop_last the last, smaller batch counts too")
+        raise ExerciseError(f"{what} is {got}, should be {want}. Hint: n // bs full batches, plus one if some items are left over and drop_last is False")
+
+@exercise
+def check_epoch_loss(epoch_loss: Callable) -> None:
+    "Exercise 2: `epoch_loss(losses, sizes)` is the mean loss over all the items of batches of `sizes` with mean losses `losses`."
+    gen = torch.Generator().manual_seed(3)
+    per_item = torch.rand(1000, generator=gen, dtype=torch.float64) * 2
+    sizes = torch.tensor([128] * 7 + [104])
+    losses = torch.stack([chunk.mean() for chunk in per_item.split(sizes.tolist())])
+    got = epoch_loss(losses.clone(), sizes.clone())
+    if isinstance(got, (int, float)) and not isinstance(got, bool): got = torch.tensor(float(got), dtype=torch.float64)
+    expect_close(got, per_item.mean(), 'epoch_loss(losses, sizes)', mistakes=[
+        (losses.mean(), "that is the mean of the batches' means: the last batch holds 104 items, not 128, yet counts as much as the others"),
+        ((losses * sizes).sum(), "that is the sum of the items' losses: divide it by the number of items")],
+                 hint="weight each batch's mean loss by its size, add up, and divide by the number of items")

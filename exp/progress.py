@@ -6,15 +6,19 @@
 from __future__ import annotations
 
 import sys
+from numbers import Real
+from typing import Callable
 
 import fastprogress.fastprogress
 from fastprogress.fastprogress import (ConsoleMasterBar, ConsoleProgressBar, NBMasterBar, NBProgressBar,
                                        format_time)
 
+from .backprop import ExerciseError, exercise
 from .callbacks import AvgStatsCallback, Callback
 
 # %% auto #0
-__all__ = ['DISPLAYS', 'in_jupyter', 'progress_display', 'format_stat', 'format_row', 'ProgressCallback']
+__all__ = ['DISPLAYS', 'in_jupyter', 'progress_display', 'format_stat', 'format_row', 'ProgressCallback', 'check_eta',
+           'check_redrawn_line']
 
 # %% ../nbs/07_progress.ipynb #65f15693
 DISPLAYS = ('auto', 'notebook', 'console', 'text', 'off')
@@ -119,3 +123,30 @@ class ProgressCallback(Callback):
         self._close_bar()
         if self.mbar is not None: self.mbar.on_iter_end()
         self.mbar = None
+
+# %% ../nbs/07_progress.ipynb #bd9e17b8
+@exercise
+def check_eta(eta: Callable) -> None:
+    "Exercise 1: `eta(elapsed, done, total)` is the seconds left when `done` of `total` batches took `elapsed` seconds."
+    for elapsed, done, total in [(10., 5, 20), (3., 1, 4), (7.5, 30, 30), (0.6, 3, 100)]:
+        what, want = f"eta({elapsed}, {done}, {total})", elapsed / done * (total - done)
+        got = eta(elapsed, done, total)
+        if isinstance(got, bool) or not isinstance(got, Real): raise ExerciseError(f"{what} should be a number, got {got!r}")
+        if abs(got - want) <= 1e-9 * max(1., want): continue
+        if abs(got - elapsed / done * total) <= 1e-9 * want: raise ExerciseError(f"{what} = {got:g} is the time of the whole pass: subtract what is done")
+        raise ExerciseError(f"{what} = {got:g}, should be {want:g}. Hint: the average time per batch so far, times the batches still to go")
+
+@exercise
+def check_redrawn_line(redrawn_line: Callable) -> None:
+    "Exercise 2: `redrawn_line(raw)` is what a terminal shows for a line with '\\r's in it."
+    for raw, want in [('abc', 'abc'), ('abc\rX', 'Xbc'), ('12% |##  |\r50% |####|', '50% |####|'),
+                      ('Epoch 1/3 : 10%\r\r   \r', '   ch 1/3 : 10%'), ('loss 0.25\rloss 1\r', 'loss 1.25')]:
+        got = redrawn_line(raw)
+        if not isinstance(got, str): raise ExerciseError(f"redrawn_line({raw!r}) should be a string, got {got!r}")
+        if got == want: continue
+        parts = raw.split('\r')
+        if got in (parts[-1], [p for p in parts if p][-1]):  # the last part alone, or the last that is not empty
+            raise ExerciseError(f"redrawn_line({raw!r}) is {got!r}, should be {want!r}: '\\r' does not erase the line, "
+                                "so where the new text is shorter the end of the old one still shows")
+        raise ExerciseError(f"redrawn_line({raw!r}) is {got!r}, should be {want!r}. Hint: split at '\\r'; each part "
+                            "overwrites the start of what the line shows so far")

@@ -7,10 +7,18 @@ import pytest
 import torch
 from torch import nn
 
-from exp.backprop import (ExerciseError, check_leaky_relu_function, check_scale_backward, check_sigmoid_backward,
-                          exercise, expect_close)
+import exp.backprop
+from exp.backprop import check_leaky_relu_function, check_scale_backward, check_sigmoid_backward
+from exp.data import check_idx_dims, check_normalize_valid
+from exp.fp16 import check_next_scale, check_smallest_scale
+from exp.learner import check_resume_start, check_suggest_lr
+from exp.exercises import ExerciseError, check_mse, check_one_hot, check_relu, exercise, expect_close
 from exp.batchnorm import check_fold_bn, check_instance_norm, check_running_var_after
+from exp.cnn import check_conv_out_size, check_conv_params
+from exp.early_stopping import check_lr_at, check_stopping_epoch
 from exp.hooks import check_fan_in, check_he_std, check_zero_fraction
+from exp.progress import check_eta, check_redrawn_line
+from exp.minibatch import check_epoch_loss, check_n_batches
 from exp.optimizers import check_adam_first_step, check_ewma_after_three, check_rmsprop_step
 
 
@@ -19,6 +27,50 @@ def not_answered(*args, **kwargs):
 
 
 # ---------------------------------------------------------------- reference solutions
+
+def resume_start(saved_epoch, epochs): return min(saved_epoch + 1, epochs)
+
+
+def suggest(lrs, losses, beta=0.9):
+    avg, best, best_lr = 0., math.inf, lrs[0]
+    for i, (lr, loss) in enumerate(zip(lrs, losses), 1):
+        if not math.isfinite(loss): break
+        avg = beta * avg + (1 - beta) * loss
+        if avg / (1 - beta ** i) < best: best, best_lr = avg / (1 - beta ** i), lr
+    return best_lr / 10
+
+
+def suggest_biased(lrs, losses, beta=0.9):  # the average without its bias correction
+    avg, best, best_lr = 0., math.inf, lrs[0]
+    for lr, loss in zip(lrs, losses):
+        if not math.isfinite(loss): break
+        avg = beta * avg + (1 - beta) * loss
+        if avg < best: best, best_lr = avg, lr
+    return best_lr / 10
+
+def next_scale(scale, overflow, noskip, max_noskip):
+    if overflow: return scale / 2, 0
+    noskip += 1
+    return (scale * 2, 0) if noskip >= max_noskip else (scale, noskip)
+
+
+def next_scale_compared_before_counting(scale, overflow, noskip, max_noskip):
+    if overflow: return scale / 2, 0
+    return (scale * 2, 0) if noskip >= max_noskip else (scale, noskip + 1)
+
+
+def smallest_scale(g): return 2. ** max(0, math.ceil(math.log2(2 ** -14 / g)))
+
+def idx_dims(raw): return [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], 'big') for i in range(raw[3])]
+
+
+def normalize_valid(x_train, x_valid): return (x_valid - x_train.mean()) / x_train.std()
+
+def mse(pred, target): return ((pred - target) ** 2).mean()
+
+
+def one_hot(y, c): return torch.zeros(len(y), c).scatter_(1, y[:, None], 1.)
+
 
 def sigmoid_backward(inp, out_g):
     s = torch.sigmoid(inp)
@@ -73,6 +125,18 @@ def fold_bn(conv, bn):
 def running_var_after(running_var, x, momentum): return (1 - momentum) * running_var + momentum * x.var((0, 2, 3))
 
 
+def lr_at(i, min_lr, max_lr, max_iter): return min_lr * (max_lr / min_lr) ** (i / (max_iter - 1))
+
+
+def stopping_epoch(losses, patience):
+    best, wait = math.inf, 0
+    for epoch, loss in enumerate(losses):
+        if loss < best: best, wait = loss, 0
+        else: wait += 1
+        if wait == patience: return epoch
+    return None
+
+
 # ---------------------------------------------------------------- wrong ones, and what the checks say about them
 
 def zero_fraction_in_eval_too(hook, module, inp, out):
@@ -125,7 +189,99 @@ def rmsprop_new_tensor(p, grad, square_avg, lr=0.01, alpha=0.99, eps=1e-8):
     return p - lr * grad / (square_avg.sqrt() + eps)
 
 
+def eta(elapsed, done, total): return elapsed / done * (total - done)
+
+
+def redrawn_line(raw):
+    shown = ''
+    for part in raw.split('\r'): shown = part + shown[len(part):]
+    return shown
+
+
+def conv_out_size(n, ks, stride, padding): return (n + 2 * padding - ks) // stride + 1
+
+
+def conv_params(ni, nf, ks): return nf * ni * ks * ks + nf
+
+
+def n_batches(n, bs, drop_last): return n // bs if drop_last else -(-n // bs)
+
+
+def epoch_loss(losses, sizes): return (losses * sizes).sum() / sizes.sum()
+
+
+def stopping_epoch_vs_previous(losses, patience):  # counts the epochs worse than the one before
+    wait = 0
+    for epoch in range(1, len(losses)):
+        wait = wait + 1 if losses[epoch] >= losses[epoch - 1] else 0
+        if wait == patience: return epoch
+    return None
+
+
+def stopping_epoch_on_ties(losses, patience):  # takes an equal loss for a new best
+    return stopping_epoch([l - 1e-9 * i for i, l in enumerate(losses)], patience)
+
+
+def stopping_epoch_from_one(losses, patience):
+    epoch = stopping_epoch(losses, patience)
+    return None if epoch is None else epoch + 1
+
+
 CHECKS = [
+    (check_resume_start, resume_start, [
+        (lambda saved, epochs: saved, 'trains the saved epoch again'),
+        (lambda saved, epochs: saved + 1, r'resume_start\(5, 3\) is 6, after the end of a 3-epoch fit'),
+        (lambda saved, epochs: min(saved + 2, epochs), r'resume_start\(1, 4\) is 3, should be 2\. Hint'),
+        (lambda saved, epochs: float(min(saved + 1, epochs)), 'should return ints')]),
+    (check_suggest_lr, suggest, [
+        (lambda lrs, losses: suggest(lrs, losses) * 10, 'suggest a tenth of it'),
+        (lambda lrs, losses: lrs[min(range(len(lrs)), key=lambda i: losses[i])] / 10, 'smooth the losses first'),
+        (suggest_biased, 'without debiasing'),
+        (lambda lrs, losses: suggest(lrs, losses, beta=0.5), r'on the first curve, should be .*\. Hint'),
+        (lambda lrs, losses: str(lrs[0]), 'should return numbers')]),
+    (check_next_scale, next_scale, [
+        (lambda scale, overflow, noskip, m: (scale * 2, 0) if overflow else next_scale(scale, overflow, noskip, m), 'halve it'),
+        (lambda scale, overflow, noskip, m: (scale / 2, noskip) if overflow else next_scale(scale, overflow, noskip, m),
+         'noskip goes back to 0'),
+        (next_scale_compared_before_counting, "count this batch's good step first"),
+        (lambda scale, overflow, noskip, m: (scale, 0) if overflow else next_scale(scale, overflow, noskip, m),
+         r'next_scale\(65536.0, True, 5, 8\) is \(65536.0, 0\), should be \(32768.0, 0\)\. Hint'),
+        (lambda scale, overflow, noskip, m: scale, r'should return a pair \(scale, noskip\)')]),
+    (check_smallest_scale, smallest_scale, [
+        (lambda g: max(0, math.ceil(math.log2(2 ** -14 / g))), 'that is the exponent k'),
+        (lambda g: 2. ** max(0, math.ceil(math.log2(2 ** -24 / g))), 'the target is the smallest normal'),
+        (lambda g: 2. ** max(0, math.floor(math.log2(2 ** -14 / g))), 'round the exponent up'),
+        (lambda g: 2. ** math.ceil(math.log2(2 ** -14 / g)), 'a scale is never below 1'),
+        (lambda g: 2. ** 16, r'smallest_scale\(1e-08\) is 65536.0, should be 8192.0\. Hint'),
+        (lambda g: str(g), 'should return numbers')]),
+    (check_idx_dims, idx_dims, [
+        (lambda raw: [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], 'little') for i in range(raw[3])], "big-endian"),
+        (lambda raw: [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], 'big') for i in range(3)], 'byte 3 of the header is the number'),
+        (lambda raw: [int.from_bytes(raw[3 + 4 * i: 7 + 4 * i], 'big') for i in range(raw[3])], r'shape \[3, 300, 2\], idx_dims gave .*\. Hint'),
+        (lambda raw: raw[4:8], r'gave \[0, 0, 0, 3\]: byte 3'),
+        (lambda raw: None, 'should return a list of ints')]),
+    (check_normalize_valid, normalize_valid, [
+        (lambda xt, xv: (xv - xv.mean()) / xv.std(), "the validation set's own statistics"),
+        (lambda xt, xv: (xt - xt.mean()) / xt.std(), r'has shape \(200, 12\), but should have shape \(50, 12\)'),
+        (lambda xt, xv: xv - xt.mean(), 'divide by the training set.s std too'),
+        (lambda xt, xv: (xv - xt.mean()) / xt.var(), 'not the variance'),
+        (lambda xt, xv: (xv - 0.5) / 0.3, 'its element .* but should be')]),
+    (check_relu, lambda x: x.clamp_min(0), [
+        (lambda x: x.clamp_max(0), 'that keeps the negative elements'),
+        (lambda x: x.abs(), 'that is the absolute value'),
+        (lambda x: x * 2, r'relu\(x\) is wrong: its element 0 \(counting in order\) is -4 but should be 0'),
+        (lambda x: x.tolist(), 'should be a tensor, got list')]),
+    (check_mse, mse, [
+        (lambda p, t: ((p - t) ** 2).sum(), 'that is the sum of the squares'),
+        (lambda p, t: (p - t).abs().mean(), 'the mean absolute difference'),
+        (lambda p, t: ((p - t) ** 2).mean().sqrt(), r'its square root \(the RMSE\)'),
+        (lambda p, t: (p - t).mean() ** 2, 'square each difference first'),
+        (lambda p, t: ((p - t) ** 2).mean(0), r'has shape \(3,\), but should have shape \(\)')]),
+    (check_one_hot, one_hot, [
+        (lambda y, c: one_hot(y, c).T, r'has shape \(4, 5\): one row per label'),
+        (lambda y, c: one_hot(y, c).long(), 'should be a float tensor'),
+        (lambda y, c: 1 - one_hot(y, c), r'row i is all zeros except a 1 in column y\[i\]'),
+        (lambda y, c: y.float(), r'has shape \(5,\), but should have shape \(5, 4\)')]),
     (check_sigmoid_backward, sigmoid_backward, [
         (lambda inp, g: torch.sigmoid(inp) * (1 - torch.sigmoid(inp)), 'the chain rule multiplies it by out_g'),
         (lambda inp, g: torch.sigmoid(inp) * g, r'sigmoid\(x\) \* \(1 - sigmoid\(x\)\), not sigmoid\(x\)'),
@@ -180,6 +336,47 @@ CHECKS = [
         (lambda rv, x, m: (1 - m) * rv + m * x.var((0, 2, 3), unbiased=False), 'the unbiased one'),
         (lambda rv, x, m: m * rv + (1 - m) * x.var((0, 2, 3)), 'momentum is the weight of the new value'),
         (lambda rv, x, m: x.var((0, 2, 3)), 'moves only part of the way')]),
+    (check_lr_at, lr_at, [
+        (lambda i, lo, hi, n: lo + (hi - lo) * i / (n - 1), 'that grows linearly'),
+        (lambda i, lo, hi, n: lo * (hi / lo) ** (i / n), 'one batch too late'),
+        (lambda i, lo, hi, n: lo * (hi / lo) ** (i / (n + 1)), r'lr_at\(99, 1e-06, 10.0, 100\) = .*, should be 10\. Hint'),
+        (lambda i, lo, hi, n: str(lo), 'should be a number')]),
+    (check_stopping_epoch, stopping_epoch, [
+        (stopping_epoch_vs_previous, 'not with the epoch before'),
+        (lambda losses, patience: stopping_epoch(losses, patience + 1), 'one epoch too many'),
+        (stopping_epoch_on_ties, 'equal to the best is not an improvement'),
+        (stopping_epoch_from_one, 'count the epochs from 0'),
+        (lambda losses, patience: len(losses) - 1, r'stopping_epoch\(\[1.0, 0.9, 0.8, 0.85, 0.83, 0.9\], 2\) is 5, should be 4\. Hint')]),
+    (check_eta, eta, [
+        (lambda elapsed, done, total: elapsed / done * total, 'the time of the whole pass'),
+        (lambda elapsed, done, total: elapsed * (total - done), r'should be 30\. Hint: the average time per batch'),
+        (lambda elapsed, done, total: f'{elapsed:.0f}s', 'should be a number')]),
+    (check_redrawn_line, redrawn_line, [
+        (lambda raw: raw.split('\r')[-1], 'does not erase the line'),
+        (lambda raw: raw.replace('\r', ''), r"redrawn_line\('abc\\rX'\) is 'abcX', should be 'Xbc'\. Hint"),
+        (lambda raw: raw.encode(), 'should be a string')]),
+    (check_conv_out_size, conv_out_size, [
+        (lambda n, ks, stride, padding: (n - ks) // stride + 1, 'the padding adds'),
+        (lambda n, ks, stride, padding: (n + 2 * padding - ks) // stride, r'count the first position too: \+ 1'),
+        (lambda n, ks, stride, padding: n // stride, 'that is the stride alone'),
+        (lambda n, ks, stride, padding: (n + 2 * padding - ks) // stride + 2, r'conv_out_size\(28, 5, 2, 2\) is 15, should be 14\. Hint'),
+        (lambda n, ks, stride, padding: (n + 2 * padding - ks) / stride + 1, 'should be an int')]),
+    (check_conv_params, conv_params, [
+        (lambda ni, nf, ks: ni * nf * ks * ks, 'the bias is missing'),
+        (lambda ni, nf, ks: ni * nf * ks + nf, 'ks \\* ks weights'),
+        (lambda ni, nf, ks: nf * ks * ks + nf, 'for every input channel'),
+        (lambda ni, nf, ks: ni * nf * ks * ks + ni, r'conv_params\(1, 8, 5\) is 201, should be 208\. Hint')]),
+    (check_n_batches, n_batches, [
+        (lambda n, bs, drop_last: -(-n // bs), 'drop_last drops the last'),
+        (lambda n, bs, drop_last: n // bs, 'without drop_last the last, smaller batch counts too'),
+        (lambda n, bs, drop_last: n / bs, 'should be an int'),
+        (lambda n, bs, drop_last: n // bs + 1, r'n_batches\(1000, 128, True\) is 8, should be 7: drop_last'),
+        (lambda n, bs, drop_last: n // bs - 1 if drop_last else -(-n // bs), r'n_batches\(1000, 128, True\) is 6, should be 7\. Hint')]),
+    (check_epoch_loss, epoch_loss, [
+        (lambda losses, sizes: losses.mean(), "the mean of the batches' means"),
+        (lambda losses, sizes: (losses * sizes).sum(), 'divide it by the number of items'),
+        (lambda losses, sizes: float((losses * sizes).sum() / sizes.sum()) * 1.01, r'is wrong: its element 0 .*; weight each batch'),
+        (lambda losses, sizes: losses * sizes / sizes.sum(), 'has shape \\(8,\\), but should have shape \\(\\)')]),
 ]
 IDS = [check.__name__ for check, *_ in CHECKS]
 
@@ -211,6 +408,10 @@ def test_numbers_as_tensors_are_accepted(capsys):
     check_ewma_after_three(torch.tensor(0.271))
     check_adam_first_step(torch.tensor(-0.0099999))
     assert capsys.readouterr().out.count('correct') == 2
+
+
+def test_the_mechanism_is_still_importable_from_exp_backprop():
+    assert (exp.backprop.ExerciseError, exp.backprop.exercise, exp.backprop.expect_close) == (ExerciseError, exercise, expect_close)
 
 
 def test_the_mechanism_on_its_own(capsys):
