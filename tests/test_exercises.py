@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import exp.backprop
+from exp.anneal import check_cos_anneal, check_one_cycle_lr
 from exp.backprop import check_leaky_relu_function, check_scale_backward, check_sigmoid_backward
 from exp.data import check_idx_dims, check_normalize_valid
 from exp.fp16 import check_next_scale, check_smallest_scale
@@ -227,7 +228,29 @@ def stopping_epoch_from_one(losses, patience):
     return None if epoch is None else epoch + 1
 
 
+def cos_anneal(start, end, pos): return start + (1 - math.cos(math.pi * pos)) / 2 * (end - start)
+
+
+def one_cycle_lr(pos, lr, pct_start=0.3, div_start=10., div_end=1e5):
+    if pos < pct_start: return cos_anneal(lr / div_start, lr, pos / pct_start)
+    return cos_anneal(lr, lr / div_end, (pos - pct_start) / (1 - pct_start))
+
+
 CHECKS = [
+    (check_cos_anneal, cos_anneal, [
+        (lambda s, e, p: s + (1 - math.cos(math.pi * p)) * (e - s), 'twice as far'),
+        (lambda s, e, p: s + p * (e - s), 'that is the linear schedule'),
+        (lambda s, e, p: cos_anneal(e, s, p), 'runs from end to start'),
+        (lambda s, e, p: s + (1 - math.cos(p)) / 2 * (e - s), r'cos_anneal\(1.0, 3.0, 1.0\) = .*, should be 3\. Hint'),
+        (lambda s, e, p: str(cos_anneal(s, e, p)), 'should be a number')]),
+    (check_one_cycle_lr, one_cycle_lr, [
+        (lambda pos, lr, pct=0.3, ds=10., de=1e5: cos_anneal(lr / ds, lr, pos) if pos < pct else cos_anneal(lr, lr / de, pos),
+         "its own pos"),
+        (lambda pos, lr, pct=0.3, ds=10., de=1e5: lr / ds + (lr - lr / ds) * pos / pct if pos < pct
+         else lr + (lr / de - lr) * (pos - pct) / (1 - pct), 'linear in each phase'),
+        (lambda pos, lr, pct=0.3, ds=10., de=1e5: one_cycle_lr(pos, lr, pct, ds, float('inf')), 'ends at 0'),
+        (lambda pos, lr, pct=0.3, ds=10., de=1e5: one_cycle_lr(pos, lr, 0.3, ds, de), r'one_cycle_lr\(0.25, 1.0, 0.5\) = .*, should be .*\. Hint'),
+        (lambda pos, lr, *args: torch.tensor([one_cycle_lr(pos, lr, *args)] * 2), 'should be a number')]),
     (check_resume_start, resume_start, [
         (lambda saved, epochs: saved, 'trains the saved epoch again'),
         (lambda saved, epochs: saved + 1, r'resume_start\(5, 3\) is 6, after the end of a 3-epoch fit'),
