@@ -9,6 +9,7 @@ from torch import nn
 
 import exp.backprop
 from exp.anneal import check_cos_anneal, check_one_cycle_lr
+from exp.callbacks import check_cancelled_batch, check_n_events
 from exp.backprop import check_leaky_relu_function, check_scale_backward, check_sigmoid_backward
 from exp.data import check_idx_dims, check_normalize_valid
 from exp.fp16 import check_next_scale, check_smallest_scale
@@ -236,7 +237,26 @@ def one_cycle_lr(pos, lr, pct_start=0.3, div_start=10., div_end=1e5):
     return cos_anneal(lr, lr / div_end, (pos - pct_start) / (1 - pct_start))
 
 
+def n_events(n_train, n_valid, epochs): return 2 + epochs * (3 + 6 * n_train + 4 * n_valid)
+
+
+CANCELLED_BATCH = ['begin_batch', 'after_pred', 'after_cancel_batch', 'after_batch']
+
+
 CHECKS = [
+    (check_n_events, n_events, [
+        (lambda t, v, e: e * (3 + 6 * t + 4 * v), 'once per fit'),
+        (lambda t, v, e: 2 + e * (3 + 6 * (t + v)), 'a validation batch has no backward'),
+        (lambda t, v, e: 2 + e * (2 + 6 * t + 4 * v), 'three events of its own'),
+        (lambda t, v, e: n_events(t, v, e) + (t == 3), r'n_events\(3, 2, 2\) = 61, should be 60\. Hint'),
+        (lambda t, v, e: float(n_events(t, v, e)), 'should be an int')]),
+    (check_cancelled_batch, CANCELLED_BATCH, [
+        (['begin_batch', 'after_pred', 'after_loss', 'after_cancel_batch', 'after_batch'], 'skips the rest of the batch'),
+        (CANCELLED_BATCH[:-1], 'after_batch runs for a cancelled batch too'),
+        (['begin_batch', 'after_pred', 'after_batch'], 'after_cancel_batch'),
+        (['begin_batch', 'after_pred', 'after_cancel', 'after_batch'], "'after_cancel' is not an event"),
+        (['begin_batch', 'after_cancel_batch', 'after_pred', 'after_batch'], 'is not what the Runner fires'),
+        ('begin_batch', 'should be a list of event names')]),
     (check_cos_anneal, cos_anneal, [
         (lambda s, e, p: s + (1 - math.cos(math.pi * p)) * (e - s), 'twice as far'),
         (lambda s, e, p: s + p * (e - s), 'that is the linear schedule'),
@@ -422,7 +442,7 @@ def test_an_unanswered_exercise_is_reported_not_failed(check, capsys):
     class NotAnswered(torch.autograd.Function):  # the notebook's stub for a Function
         forward = staticmethod(lambda ctx, x: not_answered())
         backward = staticmethod(lambda ctx, g: not_answered())
-    stub = {check_leaky_relu_function: NotAnswered, check_ewma_after_three: ..., check_adam_first_step: ...}.get(check, not_answered)
+    stub = {check_leaky_relu_function: NotAnswered, check_ewma_after_three: ..., check_adam_first_step: ..., check_cancelled_batch: ...}.get(check, not_answered)
     assert check(stub) is None
     assert 'not answered yet' in capsys.readouterr().out
 
