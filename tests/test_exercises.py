@@ -10,6 +10,7 @@ from torch import nn
 import exp.backprop
 from exp.anneal import check_cos_anneal, check_one_cycle_lr
 from exp.callbacks import check_cancelled_batch, check_n_events
+from exp.loss import check_logsumexp_rows, check_nll_by_hand
 from exp.backprop import check_leaky_relu_function, check_scale_backward, check_sigmoid_backward
 from exp.data import check_idx_dims, check_normalize_valid
 from exp.fp16 import check_next_scale, check_smallest_scale
@@ -243,7 +244,27 @@ def n_events(n_train, n_valid, epochs): return 2 + epochs * (3 + 6 * n_train + 4
 CANCELLED_BATCH = ['begin_batch', 'after_pred', 'after_cancel_batch', 'after_batch']
 
 
+def logsumexp_rows(x):
+    m = x.amax(-1, keepdim=True)
+    return (m + (x - m).exp().sum(-1, keepdim=True).log()).squeeze(-1)
+
+
+def nll_by_hand(log_probs, target): return -log_probs[torch.arange(len(target)), target].mean()
+
+
 CHECKS = [
+    (check_logsumexp_rows, logsumexp_rows, [
+        (lambda x: x.exp().sum(-1).log(), 'not finite on rows near 1000'),
+        (lambda x: (x - x.amax(-1, keepdim=True)).exp().sum(-1).log(), 'not added back'),
+        (lambda x: logsumexp_rows(x) + 1e-2, r'its element \d+ \(counting in order\) is .* but should be'),
+        (lambda x: logsumexp_rows(x)[:, None], 'has shape'),
+        (lambda x: logsumexp_rows(x).tolist(), 'should be a tensor')]),
+    (check_nll_by_hand, nll_by_hand, [
+        (lambda lp, t: -nll_by_hand(lp, t), 'the sign'),
+        (lambda lp, t: nll_by_hand(lp, t) * len(t), 'the sum over the rows'),
+        (lambda lp, t: -lp[:, t].mean(), 'picks every label'),
+        (lambda lp, t: -lp.mean(), r'nll_by_hand\(log_probs, target\) is wrong: its element 0 .*; index each row'),
+        (lambda lp, t: float(nll_by_hand(lp, t)), 'should be a tensor')]),
     (check_n_events, n_events, [
         (lambda t, v, e: e * (3 + 6 * t + 4 * v), 'once per fit'),
         (lambda t, v, e: 2 + e * (3 + 6 * (t + v)), 'a validation batch has no backward'),
