@@ -5,11 +5,16 @@
 # %% ../nbs/12_distributed.ipynb #a0f19f09
 from __future__ import annotations
 
+import atexit
 import gc
+import inspect
 import math
 import os
+import re
+import socket
 import subprocess
 import sys
+import time
 from datetime import timedelta
 from typing import Callable, Iterator, Sequence
 
@@ -28,8 +33,8 @@ from .progress import ProgressCallback
 import exp.learner  # the Learner's fit, display and rank-aware save (notebook 10), which to_distributed relies on
 
 # %% auto #0
-__all__ = ['ENV_VARS', 'ShardedSampler', 'launch', 'rank_lines', 'DistributedError', 'torchrun_env', 'shutdown',
-           'broadcast_model', 'DistributedCallback']
+__all__ = ['ENV_VARS', 'ShardedSampler', 'BatchShareSampler', 'launch', 'rank_lines', 'DistributedError', 'torchrun_env',
+           'shutdown', 'broadcast_model', 'DistributedCallback', 'join_group']
 
 # %% ../nbs/12_distributed.ipynb #5b1f0ea3
 class ShardedSampler:
@@ -76,13 +81,41 @@ class ShardedSampler:
         return (f'{type(self).__name__}(rank {self.rank} of {self.num_replicas}, {self.num_samples} of {self.n} samples, '
                 f'bs {self.bs}, shuffle={self.shuffle}, epoch {self.epoch})')
 
+# %% ../nbs/12_distributed.ipynb #b7a1c2d4
+class BatchShareSampler:
+    "Process `rank`'s share of each batch of `sampler`: positions rank, rank + R, ... of every global batch (R processes)."
+    def __init__(self, sampler: Sampler, num_replicas: int, rank: int):
+        if not isinstance(sampler, Sampler): raise TypeError(f"sampler must be an exp.minibatch Sampler, got {type(sampler).__name__}")
+        if not isinstance(num_replicas, int) or num_replicas <= 0:
+            raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}")
+        if not isinstance(rank, int) or not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be an int in [0, {num_replicas}), got {rank!r}")
+        last = sampler.n % sampler.bs
+        if not sampler.drop_last and 0 < last < num_replicas:
+            raise ValueError(f"the last batch of {sampler.n} samples in batches of {sampler.bs} holds {last}: too few to give each "
+                             f"of {num_replicas} processes one (give another batch size, or drop_last=True)")
+        self.sampler, self.num_replicas, self.rank = sampler, num_replicas, rank
+        self.bs, self.global_size = sampler.bs // num_replicas, None  # global_size: the batch the last share came from
+        self.generator = sampler.generator  # the shuffling a checkpoint keeps (DataBunch.state_dict): the global sampler's
+
+    def __len__(self) -> int: return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        for batch in self.sampler:
+            self.global_size = len(batch)
+            yield batch[self.rank::self.num_replicas]
+
+    def __repr__(self) -> str: return f'{type(self).__name__}(rank {self.rank} of {self.num_replicas}, of {self.sampler.n} samples in batches of {self.sampler.bs})'
+
 # %% ../nbs/12_distributed.ipynb #3527af55
 def launch(script: str | os.PathLike, *args: str, nproc: int = 2, timeout: float = 300, env: dict | None = None,
-           check: bool = True) -> subprocess.CompletedProcess:
-    "Run `torchrun --standalone --nproc_per_node nproc script args` (`script='-m'` and a module in `args` also works)."
+           check: bool = True, max_restarts: int = 0) -> subprocess.CompletedProcess:
+    "Run `torchrun --standalone --nproc_per_node nproc [--max-restarts N] script args` (`script='-m'` and a module in `args` also works)."
     if not isinstance(nproc, int) or nproc <= 0: raise ValueError(f"nproc must be a positive int, got {nproc!r}")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
     # --tee 3: torchrun passes on each process's output line by line, each line tagged with its rank: '[default1]:...'
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}', '--tee=3',
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--standalone', f'--nproc_per_node={nproc}', f'--max-restarts={max_restarts}', '--tee=3',
            str(script), *map(str, args)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})})
@@ -110,20 +143,28 @@ def torchrun_env() -> dict[str, int | str] | None:
     if not 0 <= env['rank'] < env['world_size']: raise ValueError(f"RANK={env['rank']} is not in [0, WORLD_SIZE={env['world_size']})")
     return {**env, 'master_addr': os.environ['MASTER_ADDR']}
 
+_timeout = [300.]  # the timeout of the process group this process joined, in seconds: what the errors say
+
+def _failure(what: str, e: BaseException, rank: int | None = None) -> DistributedError:
+    "The DistributedError for the collective operation `what` that failed with `e`: the operation, this rank, the timeout."
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    first = re.sub(r'^\[[^\]]*\.(cc|cpp|h):\d+\]\s*', '', first).split('. ')[0]  # gloo's: its source line, then advice
+    rank = dist.get_rank() if rank is None else rank
+    return DistributedError(f"rank {rank}: {what} failed: another process died, hung or did not answer within "
+                            f"the {_timeout[0]:g} s timeout ({first})")
+
 def _collective(what: str, fn: Callable, *args, **kwargs):
     "Run the collective operation `fn`; a failure (a peer died, or the timeout passed) becomes a DistributedError."
     try: return fn(*args, **kwargs)
-    except (RuntimeError, dist.DistError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise DistributedError(f"rank {dist.get_rank()}: {what} failed: another process died, hung or did not "
-                               f"join within the timeout ({first})") from e
+    except (RuntimeError, dist.DistError) as e: raise _failure(what, e) from e
 
-def shutdown() -> None:
-    "Leave the process group: wait for every process (a barrier), then destroy it. A no-op without one."
+def shutdown(barrier: bool = True) -> None:
+    "Leave the process group: wait for every process (a barrier, unless `barrier` is False), then destroy it. A no-op without one."
     if not (dist.is_available() and dist.is_initialized()): return
     gc.collect()  # a DistributedDataParallel no longer used may still hold the group, in a reference cycle
-    _collective('the final barrier', dist.barrier)
-    dist.destroy_process_group()
+    try:
+        if barrier: _collective('the final barrier', dist.barrier)
+    finally: dist.destroy_process_group()  # its worker threads stop now, while the interpreter is whole
 
 def broadcast_model(model: nn.Module, src: int = 0) -> None:
     "Copy process `src`'s parameters and buffers into every process's `model`."
@@ -134,6 +175,38 @@ def broadcast_model(model: nn.Module, src: int = 0) -> None:
 def _silent(row) -> None:
     "The logger of ranks other than 0: the table is rank 0's to show."
 
+class _GradientSync:
+    "What DDP's communication hook needs for each batch: this rank's weight in the mean, and the error it met (or None)."
+    def __init__(self): self.weight, self.error = 1., None
+
+def _weighted_allreduce(sync: _GradientSync, bucket):  # no return hint: DDP checks it, and reads a postponed one as wrong
+    "DDP's communication hook: each rank's gradients times its share of the global batch, summed over ranks: the batch's mean."
+    buffer = bucket.buffer().mul_(sync.weight)
+    def done(fut):
+        try: return fut.value()[0]
+        except RuntimeError as e:  # a peer died, or the timeout passed: after_backward raises it, naming the operation
+            sync.error = e
+            return buffer
+    try: return dist.all_reduce(buffer, async_op=True).get_future().then(done)
+    except RuntimeError as e:
+        sync.error, fut = e, torch.futures.Future()
+        fut.set_result(buffer)
+        return fut
+
+def _sync_buffers(module: nn.Module) -> None:
+    "Copy rank 0's buffers (batch norm's statistics) to every rank, one broadcast per dtype: what DDP does before each forward."
+    by_dtype = {}
+    for b in module.buffers(): by_dtype.setdefault(b.dtype, []).append(b)
+    with torch.no_grad():
+        for bufs in by_dtype.values():
+            flat = torch.cat([b.reshape(-1) for b in bufs])
+            _collective("broadcasting rank 0's buffers (batch norm statistics)", dist.broadcast, flat, 0)
+            for b, v in zip(bufs, flat.split([b.numel() for b in bufs])): b.copy_(v.view_as(b))
+
+# DDP's own broadcast of the buffers before each forward, off (torch 2.13 renamed the option)
+_NO_BUFFER_SYNC = {('forward_sync_buffers' if 'forward_sync_buffers' in inspect.signature(DistributedDataParallel).parameters
+                    else 'broadcast_buffers'): False}
+
 class DistributedCallback(Callback):
     "Data-parallel training: DDP in training, the plain model in validation, statistics summed over ranks, output on rank 0."
     run_after = (DeviceCallback, ProgressCallback)  # the model on its device; the logger we replace is the one to silence
@@ -142,6 +215,7 @@ class DistributedCallback(Callback):
     def __init__(self, rank: int, world_size: int, device_ids: list[int] | None = None):
         self.rank, self.world_size, self.device_ids = rank, world_size, device_ids
         self.module = self.ddp = self.stats = None
+        self.sync = _GradientSync()
 
     def __repr__(self) -> str: return f'{type(self).__name__}(rank {self.rank} of {self.world_size})'
 
@@ -150,6 +224,7 @@ class DistributedCallback(Callback):
             raise ValueError("the LR finder cannot run data-parallel (each process would stop at its own loss): "
                              "find the lr in one process, then train with it")
         self.module, self.ddp, self.stats = self.learn.model, None, self.run.find(AvgStatsCallback)
+        self.buffers = any(True for _ in self.module.buffers())
         if self.rank != 0: self.run.logger = _silent  # the runner puts its own back after the fit
         broadcast_model(self.module)  # every process starts from rank 0's weights (before fp16 copies them)
 
@@ -157,8 +232,24 @@ class DistributedCallback(Callback):
         for dl in (self.data.train_dl, self.data.valid_dl):
             if isinstance(getattr(dl, 'sampler', None), ShardedSampler): dl.sampler.set_epoch(self.epoch)
         if self.ddp is None and len(self.data.train_dl):
-            self.ddp = DistributedDataParallel(self.module, device_ids=self.device_ids)
+            # our hook averages the gradients, and we broadcast the buffers ourselves: a failure of either names itself
+            self.ddp = _collective("setting up DDP (it checks and broadcasts rank 0's weights)", DistributedDataParallel,
+                                   self.module, device_ids=self.device_ids, **_NO_BUFFER_SYNC)
+            self.ddp.register_comm_hook(self.sync, _weighted_allreduce)
         if self.ddp is not None: self.learn.model = self.ddp
+
+    def begin_batch(self):
+        if not self.run.in_train: return
+        sampler = getattr(self.data.train_dl, 'sampler', None)
+        total = getattr(sampler, 'global_size', None)  # the global batch this batch is a share of
+        self.sync.weight = len(self.run.yb) / total if total else 1 / self.world_size
+        if self.buffers: _sync_buffers(self.module)
+
+    def after_backward(self):
+        if self.sync.error is None: return
+        e, self.sync.error = self.sync.error, None
+        batch = self.run.n_iter - self.epoch * len(self.data.train_dl)
+        raise _failure(f"the gradient all-reduce (DDP, in backward) of epoch {self.epoch}, batch {batch}", e) from e
 
     def begin_validate(self): self.learn.model = self.module
 
@@ -166,7 +257,7 @@ class DistributedCallback(Callback):
         "Sum an AvgStats' loss, metric sums and count over all processes."
         device = next(self.module.parameters()).device
         t = torch.tensor([float(v) for v in stats.all_stats] + [stats.count], dtype=torch.float64, device=device)
-        _collective('summing the epoch statistics', dist.all_reduce, t)
+        _collective(f'summing the statistics of epoch {self.epoch}', dist.all_reduce, t)
         stats.tot_loss, stats.tot_mets, stats.count = t[0].item(), t[1:-1].tolist(), int(t[-1].item())
 
     def after_epoch(self):
@@ -180,18 +271,58 @@ class DistributedCallback(Callback):
         self.ddp = None  # its hooks go with it
 
 # %% ../nbs/12_distributed.ipynb #65c86236
-def _batch_size(dl) -> int:
-    "The batch size of one of our DataLoaders (a Sampler or a ShardedSampler inside)."
+def _shard(dl: DataLoader, bs: int, rank: int, world_size: int) -> DataLoader:
+    "The validation loader `dl`'s dataset through a ShardedSampler for `rank`, in order: each sample once."
+    sampler = ShardedSampler(dl.ds, bs, world_size, rank, shuffle=False, even=False)
+    return DataLoader(dl.ds, sampler, collate_fn=dl.collate_fn, batch_index=dl.batch_index)
+
+def _train_sampler(dl) -> Sampler:
+    "The Sampler of the training loader `dl` (inside its BatchShareSampler, if it has been shared before)."
+    sampler = getattr(dl, 'sampler', None)
+    if isinstance(sampler, BatchShareSampler): sampler = sampler.sampler
+    if not isinstance(dl, DataLoader) or not isinstance(sampler, Sampler):
+        raise TypeError(f"to_distributed shares the batches of an exp.minibatch DataLoader with a Sampler; got {type(dl).__name__}")
+    return sampler
+
+def _valid_bs(dl) -> int:
+    "The batch size of the validation loader `dl` (a Sampler or a ShardedSampler inside), over all processes."
     sampler = getattr(dl, 'sampler', None)
     if not isinstance(dl, DataLoader) or not isinstance(sampler, (Sampler, ShardedSampler)):
         raise TypeError(f"to_distributed shards exp.minibatch DataLoaders with a Sampler; got {type(dl).__name__}")
     return sampler.bs * getattr(sampler, 'num_replicas', 1)
 
-def _shard(dl: DataLoader, bs: int, rank: int, world_size: int, seed: int, train: bool) -> DataLoader:
-    "`dl`'s dataset through a ShardedSampler for `rank`: shuffled like `dl` if `train`, else each sample once."
-    shuffle = train and getattr(dl.sampler, 'shuffle', False)
-    sampler = ShardedSampler(dl.ds, bs, world_size, rank, shuffle=shuffle, seed=seed, even=train)
-    return DataLoader(dl.ds, sampler, collate_fn=dl.collate_fn, batch_index=dl.batch_index)
+def _wait_for(host: str, port: int, timeout: float) -> None:
+    "Return once something accepts connections at `host`:`port`; raise TimeoutError if nothing has within `timeout` s."
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=max(0.1, min(1., deadline - time.monotonic()))): return
+        except OSError as e:
+            if time.monotonic() >= deadline: raise TimeoutError(f"nothing answered at {host}:{port} ({e.strerror or e})") from None
+            time.sleep(0.2)
+
+def join_group(backend: str, timeout: float, device: torch.device | None = None) -> None:
+    "Join torchrun's process group, on a store of its own per restart; a rendezvous that fails in `timeout` s is a DistributedError."
+    env = torchrun_env()
+    rank, world, host, port = env['rank'], env['world_size'], env['master_addr'], env['master_port']
+    attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
+    agent = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'  # torchrun's agent hosts the store; else rank 0
+    _timeout[0] = timeout
+    try:
+        if agent or rank != 0: _wait_for(host, port, timeout)  # in Python: torch's own wait logs each retry on stderr
+        store = dist.TCPStore(host, port, world, is_master=not agent and rank == 0, timeout=timedelta(seconds=timeout),
+                              multi_tenant=not agent)
+        # a restarted group meets on the agent's store, which still holds the last attempt's addresses: its own prefix
+        dist.init_process_group(backend, store=dist.PrefixStore(f'exp/attempt-{attempt}', store), rank=rank,
+                                world_size=world, timeout=timedelta(seconds=timeout), device_id=device)
+    except (RuntimeError, dist.DistError, OSError) as e:
+        raise _failure(f"joining the process group at {host}:{port} (rendezvous)", e, rank) from e
+    atexit.unregister(_leave_at_exit)
+    atexit.register(_leave_at_exit)
+
+def _leave_at_exit() -> None:
+    "Destroy the process group at exit, if the program has not (an error, an exit): gloo's threads must end before the interpreter."
+    shutdown(barrier=False)
 
 @patch
 def to_distributed(self: Learner, backend: str | None = None, timeout: float = 300., seed: int | None = None) -> Learner:
@@ -202,14 +333,18 @@ def to_distributed(self: Learner, backend: str | None = None, timeout: float = 3
         raise RuntimeError(f"to_distributed() needs the environment torchrun gives each process ({missing} not set): "
                            "launch with `torchrun --nproc_per_node N script.py` (or `-m module`)")
     rank, local_rank, world = env['rank'], env['local_rank'], env['world_size']
-    if not timeout > 0: raise ValueError(f"timeout must be > 0 seconds, got {timeout!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)): raise TypeError(f"seed must be an int, got {seed!r}")
-    bs, valid_bs = _batch_size(self.data.train_dl), _batch_size(self.data.valid_dl)
+    sampler, valid_bs = _train_sampler(self.data.train_dl), _valid_bs(self.data.valid_dl)
+    bs = sampler.bs
     if bs % world:
         raise ValueError(f"the batch size {bs} does not split evenly over {world} processes: give a multiple of {world} "
                          f"(each process takes bs / {world} samples of every batch)")
     if len(self.data.train_ds) < world:
         raise ValueError(f"{len(self.data.train_ds)} training samples cannot be shared by {world} processes")
+    train_dl = DataLoader(self.data.train_ds, BatchShareSampler(sampler, world, rank),  # raises if the last batch is too small
+                          collate_fn=self.data.train_dl.collate_fn, batch_index=self.data.train_dl.batch_index)
     devices = [cb for cb in self.cbs if isinstance(cb, DeviceCallback)]
     device = devices[0].device if devices else next(self.model.parameters()).device
     if device.type == 'cuda':
@@ -223,16 +358,14 @@ def to_distributed(self: Learner, backend: str | None = None, timeout: float = 3
     backend = backend or ('nccl' if device.type == 'cuda' else 'gloo')
     if not dist.is_initialized():
         # device_id binds a CUDA process to its GPU (NCCL's barrier and collectives then need no guess)
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout), device_id=device if device.type == 'cuda' else None)
+        join_group(backend, timeout, device if device.type == 'cuda' else None)
     elif dist.get_world_size() != world or dist.get_rank() != rank:
         raise RuntimeError(f"a process group of {dist.get_world_size()} is already set up; torchrun's says {world}")
-    if seed is None:  # one seed for the shuffling, drawn on rank 0 and shared
-        t = torch.randint(0, 2**31 - 1, (1,), device=device)
-        _collective('sharing the shuffling seed', dist.broadcast, t, 0)
-        seed = int(t.item())
-    data = self.data
-    self.data = DataBunch(_shard(data.train_dl, bs // world, rank, world, seed, train=True),
-                          _shard(data.valid_dl, max(1, valid_bs // world), rank, world, seed, train=False), data.c)
+    if seed is not None: sampler.generator.manual_seed(seed)
+    state = sampler.generator.get_state().to(device)  # every process shuffles as rank 0 does, whatever seeded it
+    _collective('sharing the shuffling', dist.broadcast, state, 0)
+    sampler.generator.set_state(state.cpu())
+    self.data = DataBunch(train_dl, _shard(self.data.valid_dl, max(1, valid_bs // world), rank, world), self.data.c)
     self.rank, self.world_size = rank, world
     if rank != 0: self.display = 'off'
     self.cbs = [cb for cb in self.cbs if not isinstance(cb, DistributedCallback)]

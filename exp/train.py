@@ -66,6 +66,7 @@ class TrainConfig:
     seed: int = 42
     out: str | None = None  # None: runs/<timestamp>
     resume: str | None = None  # an unfinished run: its folder, or the checkpoint in it
+    dist_timeout: float = 300.  # under torchrun: seconds a collective operation (or the rendezvous) may wait for a peer
 
 RUN_OPTIONS = ('data', 'arch', 'epochs', 'bs', 'lr', 'one_cycle', 'fp16', 'seed')  # what a resumed run may not change
 
@@ -113,9 +114,13 @@ def check_config(cfg: TrainConfig) -> TrainConfig:
     if lr_find and lr is not None: raise ValueError(f"give --lr or --lr-find, not both (got --lr {lr:g} and --lr-find)")
     if lr_find and resume is not None:
         raise ValueError("--lr-find cannot continue a run: a resumed run trains at the lr it started with (in its config.json)")
+    timeout = cfg.dist_timeout
+    if isinstance(timeout, bool) or not isinstance(timeout, Real) or not (math.isfinite(timeout) and timeout > 0):
+        raise ValueError(f"--dist-timeout must be a number of seconds > 0, got {timeout!r}")
     return TrainConfig(data=data, arch=cfg.arch, epochs=_count('epochs', cfg.epochs, 1), bs=_count('bs', cfg.bs, 1),
                        lr=lr, lr_find=lr_find, one_cycle=one_cycle, fp16=cfg.fp16,
-                       seed=_count('seed', cfg.seed, 0, MAX_SEED), out=_path_str('out', cfg.out), resume=resume)
+                       seed=_count('seed', cfg.seed, 0, MAX_SEED), out=_path_str('out', cfg.out), resume=resume,
+                       dist_timeout=float(timeout))
 
 # %% ../nbs/11_train.ipynb #fd683068
 MAX_CLASSES = 10_000  # a label above this is a damaged file, not a class: the model would need that many outputs
@@ -169,7 +174,7 @@ def build_learner(cfg: TrainConfig, data: DataBunch | None = None) -> Learner:
     elif mode == 'bf16': learn.to_bf16()
     if 'WORLD_SIZE' in os.environ:  # started by torchrun: train data-parallel (notebook 12)
         import exp.distributed  # adds Learner.to_distributed; imported here, as only such runs need it
-        learn.to_distributed()
+        learn.to_distributed(timeout=cfg.dist_timeout)
     return learn
 
 # %% ../nbs/11_train.ipynb #93df6a95
@@ -360,7 +365,7 @@ def resumed_config(folder: Path, given: dict) -> TrainConfig:
     "The options to resume the run in `folder`: its own; raises ValueError listing every option in `given` that would change it."
     run = read_run_config(folder)
     if given.get('lr_find'): check_config(replace(run, lr=None, lr_find=True, resume=str(folder)))  # raises, saying why
-    asked = check_config(replace(run, **{k: v for k, v in given.items() if k in RUN_OPTIONS}))
+    asked = check_config(replace(run, **{k: v for k, v in given.items() if k in (*RUN_OPTIONS, 'dist_timeout')}))
     changes = [f"{_spelt(n, getattr(asked, n))} (the run's: {_spelt(n, getattr(run, n))})" for n in RUN_OPTIONS
                if n in given and _comparable(n, getattr(asked, n)) != _comparable(n, getattr(run, n))]
     out = _out_of(folder)
@@ -369,7 +374,19 @@ def resumed_config(folder: Path, given: dict) -> TrainConfig:
     if changes:
         raise ValueError(f"--resume {folder}: a resumed run keeps the options it started with; "
                          f"these would change it: {'; '.join(changes)}")
-    return replace(run, out=str(out), resume=str(folder))
+    return replace(run, out=str(out), resume=str(folder), dist_timeout=asked.dist_timeout)  # a timeout is not the run's
+
+def _restarted_run(out: str | None) -> Path | None:
+    "Under a torchrun restart, the partial folder this torchrun job was writing (`--out`'s, or the one it claimed), if it holds a run."
+    if os.environ.get('TORCHELASTIC_RESTART_COUNT', '0') == '0': return None
+    job = os.environ.get('TORCHELASTIC_RUN_ID')
+    for folder in [partial_folder(out)] if out is not None else sorted(Path('runs').glob('*' + PARTIAL)):
+        if not (folder / 'config.json').is_file(): continue
+        if out is not None: return folder
+        try: holder = json.loads((folder / RunClaim.FILE).read_text())
+        except (OSError, ValueError): continue
+        if isinstance(holder, dict) and holder.get('job') == job: return folder
+    return None
 
 # %% ../nbs/11_train.ipynb #6986c4be
 class Stopped(KeyboardInterrupt):
@@ -378,7 +395,15 @@ class Stopped(KeyboardInterrupt):
         self.signum, self.signame = signum, signal.Signals(signum).name
         super().__init__(self.signame)
 
-def _stop(signum: int, frame) -> None: raise Stopped(signum)
+def _stop(signum: int, frame) -> None:
+    _hold_stops()
+    raise Stopped(signum)
+
+def _hold_stops() -> None:
+    "Ignore SIGTERM and SIGHUP from now on, where they would stop the trainer: it is already stopping, and says why."
+    for name in ('SIGTERM', 'SIGHUP'):
+        s = getattr(signal, name, None)
+        if s is not None and signal.getsignal(s) is _stop: signal.signal(s, signal.SIG_IGN)
 
 def _command() -> str:
     "How this trainer was started, as a command to type again: `exp-train`, `python -m exp.train`, or torchrun's."
@@ -401,12 +426,14 @@ class Trainer:
         # the options given: with a TrainConfig, those it sets to other than the defaults
         given = kwargs if cfg is None else {k: v for k, v in asdict(cfg).items() if v != getattr(TrainConfig, k)}
         resume = _path_str('resume', given.get('resume'))
+        if resume is None and (restarted := _restarted_run(_path_str('out', given.get('out')))) is not None:
+            resume = given['resume'] = str(restarted)  # torchrun restarted the workers: go on from the run's checkpoint
         self.folder = find_run(resume) if resume is not None else None  # the partial folder the run is written into
         self.cfg = resumed_config(self.folder, given) if self.folder else check_config(TrainConfig(**given))
         if self.cfg.lr_find and os.environ.get('WORLD_SIZE', '1') != '1':
             raise ValueError("--lr-find runs in one process: find the lr with python -m exp.train --lr-find, "
                              "then give torchrun's run that --lr")
-        if self.folder is not None:
+        if self.folder is not None and os.environ.get('RANK', '0') == '0':  # rank 0 alone takes the folder
             holder = RunClaim.holder(self.folder)
             if holder is not None:
                 raise RunFolderError(f"--resume {resume}: {self.folder} is held by a trainer that is running now ({_describe(holder)})")
@@ -494,6 +521,7 @@ class Trainer:
             self.stage = 'writing the run folder'
             self._finish()
         except BaseException as e:
+            _hold_stops()  # a second stop request (torchrun's SIGTERM after a peer died) must not cut the keeping short
             self._keep(e)
             raise
         return self.history[-1]
@@ -529,8 +557,10 @@ class Trainer:
         where = f"during epoch {self.learn.run.epoch}" if self.stage == 'training' else self.stage
         if self.kept is None: return f"{what}, {where}, before any checkpoint: nothing was kept; run the same command again"
         trace = f"; the traceback is in {self.kept / TRACEBACK}" if (self.kept / TRACEBACK).is_file() else ''
+        restarts = int(os.environ.get('TORCHELASTIC_MAX_RESTARTS', '0')) - int(os.environ.get('TORCHELASTIC_RESTART_COUNT', '0'))
+        then = f"torchrun restarts the workers, which go on from there ({restarts} restart{'s' if restarts > 1 else ''} left); or " if restarts > 0 else ''
         return (f"{what}, {where}; the run so far is in {self.kept} (its checkpoint: epoch {self.saved_epoch}{trace}); "
-                f"continue it with: {_command()} --resume {shlex.quote(str(self.kept))}")
+                f"{then}continue it with: {_command()} --resume {shlex.quote(str(self.kept))}")
 
 # %% ../nbs/11_train.ipynb #28ab94b1
 def _who() -> str:
@@ -560,6 +590,8 @@ def make_parser() -> CommandLine:
     p.add_argument('--fp16', help=f"mixed precision: auto (on with a GPU, off on CPU), on, off or bf16 (default: {d.fp16})")
     p.add_argument('--seed', type=int, help=f"random seed: the same seed on the same machine gives the same run (default: {d.seed})")
     p.add_argument('--out', help="run folder to create (default: runs/<timestamp>)")
+    p.add_argument('--dist-timeout', type=float, metavar='SECONDS',
+                   help=f"under torchrun: how long a process waits for its peers, and for the rendezvous (default: {d.dist_timeout:g})")
     p.add_argument('--resume', metavar='RUN', help="continue an unfinished run (its folder, as the trainer named it), "
                                                    "with the options it started with")
     return p

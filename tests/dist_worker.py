@@ -1,13 +1,17 @@
 """A small training run for tests/test_distributed.py: data-parallel when torchrun (or the test) gives it a
-process group's environment, else one process reading the same global batches.
+process group's environment, else the same options in one process.
 
-Usage: python tests/dist_worker.py OUT [--fp16] [--die-at EPOCH] [--stall] [--timeout SECONDS]
+Usage: python tests/dist_worker.py OUT [--fp16] [--die-at EPOCH] [--fault raise|kill|hang --at batch|broadcast|validation]
+       [--timeout SECONDS]
 Writes OUT/rank<r>.json (each epoch's statistics, and the loss scale) and, from rank 0, OUT/model.pth.
---die-at: rank 1 exits with an error at the start of that epoch. --stall: rank 1 joins the group, then
-sleeps instead of training.
+--die-at: rank 1 exits with an error at the start of that epoch. --fault: rank 1 raises, SIGKILLs itself or hangs,
+at the weight broadcast (before the fit), in the middle of a training batch of epoch 1 (after its forward, before
+the gradient all-reduce), or in epoch 1's validation (so that rank 0 waits for it in the statistics' all-reduce).
 """
 import argparse
 import json
+import os
+import signal
 import time
 from functools import partial
 
@@ -15,54 +19,62 @@ from torch import nn
 
 from exp.callbacks import Callback, DataBunch, Learner
 from exp.data import get_data, normalize, set_seed
-from exp.distributed import ShardedSampler, shutdown, torchrun_env
+from exp.distributed import shutdown, torchrun_env
 from exp.learner import SaveModelCallback
 from exp.loss import accuracy
-from exp.minibatch import DataLoader, Dataset, Sampler, get_dls
+from exp.minibatch import Dataset, get_dls
 from exp.optimizers import SGD
 
-GLOBAL_BS, SEED = 48, 11
+GLOBAL_BS = 48
 
 parser = argparse.ArgumentParser()
 parser.add_argument('out')
 parser.add_argument('--fp16', action='store_true')
 parser.add_argument('--die-at', type=int, default=None)
-parser.add_argument('--stall', action='store_true')
+parser.add_argument('--fault', choices=('raise', 'kill', 'hang'))
+parser.add_argument('--at', choices=('batch', 'broadcast', 'validation'), default='batch')
 parser.add_argument('--timeout', type=float, default=60)
 args = parser.parse_args()
 
 
-class SetEpoch(Callback):
-    "The single-process run's stand-in for DistributedCallback's `set_epoch`."
-    def begin_epoch(self):
-        sampler = getattr(self.data.train_dl, 'sampler', None)  # learn.validate() fits with no training loader
-        if sampler is not None: sampler.set_epoch(self.epoch)
+def fault():
+    "Rank 1's fault, as --fault says."
+    print('rank 1: fault now', flush=True)
+    if args.fault == 'raise': raise RuntimeError('rank 1: failing on purpose')
+    if args.fault == 'kill': os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(600)
 
 
-class Die(Callback):
+class Faults(Callback):
     def begin_epoch(self):
         if self.epoch == args.die_at and self.learn.rank == 1: raise SystemExit('rank 1: dying on purpose')
+        self.batch = 0
+
+    def after_pred(self):  # in the middle of a training batch: the forward done, the backward's all-reduce to come
+        if self.run.in_train and self.learn.rank == 1 and args.fault and args.at == 'batch' and self.epoch == 1:
+            self.batch += 1
+            if self.batch == 3: fault()
+
+    def begin_validate(self):
+        if self.learn.rank == 1 and args.fault and args.at == 'validation' and self.epoch == 1: fault()
 
 
 set_seed(0)
 model = nn.Sequential(nn.Linear(784, 40), nn.ReLU(), nn.Linear(40, 10))
 x, y, xv, yv = get_data('mnist5k')
 mean, std = x.mean(), x.std()
-# 600 = 12.5 global batches: the last one is partial; 199 validation samples: the shards differ in length
-train_ds = Dataset(normalize(x[:600], mean, std), y[:600])
+# 599 = 12 global batches of 48 and one of 23, which two processes share 12 + 11 (their gradients weighed so);
+# 199 validation samples: the shards differ in length
+train_ds = Dataset(normalize(x[:599], mean, std), y[:599])
 valid_ds = Dataset(normalize(xv[:199], mean, std), yv[:199])
 distributed = torchrun_env() is not None
-if distributed: data, cbs = DataBunch(*get_dls(train_ds, valid_ds, GLOBAL_BS), c=10), [Die()]
-else:
-    data = DataBunch(DataLoader(train_ds, ShardedSampler(train_ds, GLOBAL_BS, 1, 0, seed=SEED)),
-                     DataLoader(valid_ds, Sampler(valid_ds, 64)), c=10)
-    cbs = [SetEpoch()]
-learn = Learner(data, model, lr=0.1, opt_func=partial(SGD, momentum=0.9), metrics=[accuracy], cbs=cbs)
+data = DataBunch(*get_dls(train_ds, valid_ds, GLOBAL_BS), c=10)  # the same loaders, one process or several
+learn = Learner(data, model, lr=0.1, opt_func=partial(SGD, momentum=0.9), metrics=[accuracy], cbs=[Faults()])
 learn.display = 'off'
 if args.fp16: learn.to_fp16()
 if distributed:
-    learn.to_distributed(seed=SEED, timeout=args.timeout)
-    if args.stall and learn.rank == 1: time.sleep(600)
+    learn.to_distributed(timeout=args.timeout)
+    if args.fault and args.at == 'broadcast' and learn.rank == 1: fault()
 learn.fit_one_cycle(3, cbs=[SaveModelCallback(f'{args.out}/model.pth')])
 mp = getattr(learn.run, 'mixed_precision', None)
 result = {'history': [{k: v for k, v in row.items() if k != 'time'} for row in learn.run.avg_stats.history],

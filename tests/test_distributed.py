@@ -15,8 +15,9 @@ from torch import nn
 from torch.utils.data import DistributedSampler
 
 from exp.callbacks import DataBunch, Learner
-from exp.distributed import (ENV_VARS, DistributedCallback, ShardedSampler, launch, rank_lines, torchrun_env)
-from exp.minibatch import Dataset, get_dls
+from exp.distributed import (ENV_VARS, BatchShareSampler, DistributedCallback, ShardedSampler, launch, rank_lines,
+                             torchrun_env)
+from exp.minibatch import Dataset, Sampler, get_dls
 
 WORKER = Path(__file__).with_name('dist_worker.py')
 CPU_ONLY = {'CUDA_VISIBLE_DEVICES': ''}  # exp.train would take a GPU per process: two processes need two GPUs
@@ -48,6 +49,36 @@ def test_ranks_together_take_the_global_batches(n, world, local_bs, seed):
     assert all(len(p) == len(one) for p in per_rank)
     for i, batch in enumerate(one):
         ft.test_eq(sorted(torch.cat([p[i] for p in per_rank]).tolist()), sorted(batch.tolist()))
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(1, 100), world=st.integers(1, 6), local_bs=st.integers(1, 8), seed=st.integers(0, 1000),
+       drop_last=st.booleans())
+def test_batch_shares_are_the_single_process_batches(n, world, local_bs, seed, drop_last):
+    "BatchShareSampler: the shares of batch i, together, are batch i of the one Sampler, epoch after epoch; sizes differ by <= 1."
+    bs = local_bs * world
+    if drop_last and n < bs: return  # no batch at all
+    if not drop_last and 0 < n % bs < world:
+        ft.test_fail(lambda: BatchShareSampler(Sampler(range(n), bs), world, 0), contains='too few to give each')
+        return
+    one = Sampler(range(n), bs, shuffle=True, drop_last=drop_last, seed=seed)
+    shares = [BatchShareSampler(Sampler(range(n), bs, shuffle=True, drop_last=drop_last, seed=seed), world, r) for r in range(world)]
+    assert all(s.generator is s.sampler.generator for s in shares)  # what a checkpoint saves: the one sampler's shuffling
+    for epoch in range(2):
+        batches, parts = list(one), [list(s) for s in shares]
+        assert all(len(p) == len(batches) == len(s) for p, s in zip(parts, shares))
+        for i, batch in enumerate(batches):
+            ft.test_eq(sorted(torch.cat([p[i] for p in parts]).tolist()), sorted(batch.tolist()))
+            sizes = [len(p[i]) for p in parts]
+            assert max(sizes) - min(sizes) <= 1 and min(sizes) > 0
+
+
+def test_batch_share_sampler_refuses_bad_arguments():
+    s = Sampler(range(10), 4)
+    ft.test_fail(lambda: BatchShareSampler(ShardedSampler(range(10), 4, 1, 0), 2, 0), contains='must be an exp.minibatch Sampler')
+    ft.test_fail(lambda: BatchShareSampler(s, 0, 0), contains='num_replicas must be a positive int')
+    ft.test_fail(lambda: BatchShareSampler(s, 2, 2), contains='rank must be an int in [0, 2)')
+    ft.test_fail(lambda: BatchShareSampler(s, 3, 0), contains='holds 2: too few to give each of 3 processes one')
 
 
 @pytest.mark.parametrize('n,world', [(13, 3), (5, 8), (10, 5), (1, 2)])
@@ -90,8 +121,9 @@ def test_batch_that_does_not_split_is_refused_before_joining(monkeypatch):
     torchrun_vars(monkeypatch, world=3)  # no process to meet: to_distributed must refuse before it tries
     ft.test_fail(lambda: toy_learner(bs=32).to_distributed(), contains='the batch size 32 does not split evenly over 3')
     ft.test_fail(lambda: toy_learner(bs=3, n=2).to_distributed(), contains='2 training samples cannot be shared by 3')
-    ft.test_fail(lambda: toy_learner(bs=3).to_distributed(timeout=0), contains='timeout must be > 0')
+    ft.test_fail(lambda: toy_learner(bs=3).to_distributed(timeout=0), contains='timeout must be a number of seconds > 0')
     ft.test_fail(lambda: toy_learner(bs=3).to_distributed(seed=1.5), contains='seed must be an int')
+    ft.test_fail(lambda: toy_learner(bs=6, n=103).to_distributed(), contains='holds 1: too few to give each of 3')
     monkeypatch.setenv('RANK', 'x')
     ft.test_fail(lambda: toy_learner(bs=3).to_distributed(), contains="torchrun's variables must be integers")
 
@@ -109,14 +141,14 @@ def results(folder: Path, rank: int) -> dict:
 
 @pytest.fixture(scope='module')
 def single_run(tmp_path_factory):
-    "The reference: one process, no torch.distributed, the same global batches (ShardedSampler of world 1)."
+    "The reference: the same script in one process, without torch.distributed."
     out = tmp_path_factory.mktemp('single')
     subprocess.run([sys.executable, str(WORKER), str(out)], check=True, capture_output=True, timeout=300)
     return out
 
 
 def test_two_processes_train_like_one(single_run, tmp_path, no_torchrun_env):
-    "Seed 0 init, SEED 11 shuffling, 3 epochs of one-cycle: weights within 1e-6; ranks report identical numbers."
+    "Seed 0, 3 epochs of one-cycle, a last batch split 12 + 11: weights within 1e-6; ranks report identical numbers."
     out = launch(WORKER, tmp_path, nproc=2, timeout=300).stdout
     one = torch.load(single_run / 'model.pth', weights_only=True)['model']
     two = torch.load(tmp_path / 'model.pth', weights_only=True)['model']
@@ -156,20 +188,50 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_hanging_rank_times_out(tmp_path, no_torchrun_env):
-    "Without torchrun's watch: rank 1 joins, then sleeps; rank 0's first collective fails after the timeout (3 s)."
-    port = str(free_port())
-    procs = [subprocess.Popen([sys.executable, str(WORKER), str(tmp_path), '--stall', '--timeout', '3'],
-                              env={**os.environ, 'RANK': str(r), 'LOCAL_RANK': str(r), 'WORLD_SIZE': '2',
-                                   'MASTER_ADDR': 'localhost', 'MASTER_PORT': port, 'OMP_NUM_THREADS': '1'},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+def by_hand(args, port: int, world: int = 2, extra_env: dict | None = None) -> list[subprocess.Popen]:
+    "The worker in `world` processes started by hand (no torchrun watching them), meeting at 127.0.0.1:`port`."
+    return [subprocess.Popen([sys.executable, str(WORKER), *map(str, args)],
+                             env={**os.environ, 'RANK': str(r), 'LOCAL_RANK': str(r), 'WORLD_SIZE': str(world),
+                                  'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port), 'OMP_NUM_THREADS': '1',
+                                  **(extra_env or {})},
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
+
+
+OPERATION = {'batch': 'rank 0: the gradient all-reduce (DDP, in backward) of epoch 1, batch 2 failed',
+             'broadcast': 'rank 0: broadcasting the model failed',
+             'validation': 'rank 0: summing the statistics of epoch 1 failed'}
+
+
+@pytest.mark.parametrize('at', ['batch', 'broadcast', 'validation'])
+@pytest.mark.parametrize('fault', ['raise', 'kill', 'hang'])
+def test_a_failing_peer_is_a_distributed_error(fault, at, tmp_path, no_torchrun_env):
+    "Rank 1 raises, is SIGKILLed or hangs (3 s timeout), without torchrun's watch: rank 0 ends with one DistributedError naming it."
+    procs = by_hand([tmp_path, '--fault', fault, '--at', at, '--timeout', 3], free_port())
     try:
-        _, err = procs[0].communicate(timeout=120)
-        assert procs[0].returncode != 0
-        assert 'DistributedError: rank 0: broadcasting the model failed' in err, err[-2000:]
-        assert 'did not join within the timeout' in err
+        _, err = procs[0].communicate(timeout=90)  # a hang: the 3 s timeout, not the 300 s default
+        if fault == 'raise': _, peer_err = procs[1].communicate(timeout=60)
     finally:
-        for p in procs: p.kill(); p.wait()
+        for p in procs: p.kill(); p.communicate()
+    ft.test_eq(procs[0].returncode, 1)  # an exception, not a signal: no SIGABRT at exit
+    last = err.strip().splitlines()[-1]
+    assert (f"exp.distributed.DistributedError: {OPERATION[at]}: another process died, hung or did "
+            "not answer within the 3 s timeout (") in last, err[-3000:]
+    assert 'terminate called' not in err
+    assert not (tmp_path / 'rank0.json').exists()
+    if fault == 'raise':  # the failing process leaves cleanly too: its error, and no abort at exit
+        ft.test_eq(procs[1].returncode, 1)
+        assert 'RuntimeError: rank 1: failing on purpose' in peer_err and 'terminate called' not in peer_err, peer_err[-2000:]
+
+
+def test_an_unreachable_rendezvous_fails_within_the_timeout(tmp_path, no_torchrun_env):
+    "Rank 1 of 2 with nobody at MASTER_ADDR:MASTER_PORT: one DistributedError after the 3 s timeout, not 300 s."
+    env = {**os.environ, 'RANK': '1', 'LOCAL_RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '127.0.0.1',
+           'MASTER_PORT': str(free_port()), 'OMP_NUM_THREADS': '1'}
+    proc = subprocess.run([sys.executable, str(WORKER), str(tmp_path), '--timeout', '3'], env=env, capture_output=True,
+                          text=True, timeout=90)
+    ft.test_eq(proc.returncode, 1)
+    assert 'DistributedError: rank 1: joining the process group at 127.0.0.1:' in proc.stderr, proc.stderr[-2000:]
+    assert 'within the 3 s timeout' in proc.stderr
 
 
 def test_exp_train_under_torchrun(tmp_path, no_torchrun_env):
@@ -213,3 +275,98 @@ def test_exp_train_with_half_of_torchruns_environment_says_how_to_launch(tmp_pat
     ft.test_eq(len(proc.stderr.strip().splitlines()), 1)
     assert 'RANK, LOCAL_RANK, MASTER_ADDR, MASTER_PORT not set' in proc.stderr and 'torchrun' in proc.stderr
     assert not (tmp_path / 'run').exists()
+
+
+TRAIN = ('-m', 'exp.train', '--arch', 'mlp', '--epochs', 4, '--seed', 0)  # 4 epochs of the embedded digits, no batch norm
+FAULT = Path(__file__).parent / 'fault_train.py'
+
+
+def weights(run: Path) -> dict:
+    return torch.load(run / 'model.pth', weights_only=True)['model']
+
+
+def max_diff(a: dict, b: dict) -> float:
+    ft.test_eq(sorted(a), sorted(b))
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope='module')
+def two_process_run(tmp_path_factory):
+    "The reference: exp.train on two processes, uninterrupted."
+    out = tmp_path_factory.mktemp('two') / 'run'
+    launch(*TRAIN, '--out', out, nproc=2, timeout=300, env=CPU_ONLY)
+    return out
+
+
+def test_exp_train_is_one_run_whatever_the_world_size(two_process_run, tmp_path, no_torchrun_env):
+    "The same options in one process (no torchrun) and on two: the same global batches, weights within 1e-5."
+    out = tmp_path / 'run'
+    subprocess.run([sys.executable, *map(str, TRAIN), '--out', str(out)], check=True, capture_output=True, timeout=300,
+                   env={**os.environ, **CPU_ONLY, 'OMP_NUM_THREADS': '1'})
+    diff = max_diff(weights(out), weights(two_process_run))
+    assert diff < 1e-5, diff
+    one, two = ((r / 'metrics.csv').read_text().splitlines() for r in (out, two_process_run))
+    ft.test_eq(len(one), 5)
+    for a, b in zip(one[1:], two[1:]):  # the table too: valid_accuracy exactly, the losses within 1e-5
+        a, b = a.split(',')[:-1], b.split(',')[:-1]  # the time column differs
+        assert all(abs(float(x) - float(y)) < 1e-5 for x, y in zip(a, b)), (a, b)
+
+
+def test_an_elastic_restart_resumes_the_run(two_process_run, tmp_path, no_torchrun_env):
+    "torchrun --max-restarts 1; rank 1 SIGKILLed in epoch 2: the restarted workers resume from epoch 1's checkpoint."
+    out = tmp_path / 'run'
+    proc = launch(FAULT, tmp_path / 'unused', 'kill-rank1', *TRAIN[2:], '--out', out, nproc=2, max_restarts=1, timeout=300,
+                  env=CPU_ONLY, check=False)
+    ft.test_eq(proc.returncode, 0)
+    lines = rank_lines(proc.stdout, 0)
+    assert sum('resuming at epoch 2' in l for l in lines) == 1, lines  # the second attempt went on, not from epoch 0
+    errors = [l for l in rank_lines(proc.stderr, 0) if 'exp.train: error:' in l]
+    ft.test_eq(len(errors), 1)  # the first attempt's rank 0: one line, naming the operation
+    assert 'rank 0: the gradient all-reduce (DDP, in backward) of epoch 2, batch 9 failed' in errors[0], errors
+    assert 'torchrun restarts the workers, which go on from there (1 restart left)' in errors[0]
+    rows = (out / 'metrics.csv').read_text().splitlines()
+    ft.test_eq([r.split(',')[0] for r in rows], ['epoch', '0', '1', '2', '3'])  # each epoch once
+    diff = max_diff(weights(out), weights(two_process_run))
+    assert diff < 1e-6, diff
+    ft.test_eq(sorted(p.name for p in tmp_path.iterdir()), ['run'])  # no partial folder left
+
+
+def test_two_nodes_train_like_two_processes(two_process_run, tmp_path, no_torchrun_env):
+    "Two torchrun agents (--nnodes 2, c10d rendezvous on 127.0.0.1), one process each: the same weights, within 1e-5."
+    out, port = tmp_path / 'run', free_port()
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nnodes', '2', '--nproc-per-node', '1', '--rdzv-backend', 'c10d',
+           '--rdzv-endpoint', f'127.0.0.1:{port}', '--rdzv-id', 'two-nodes', *map(str, TRAIN), '--out', str(out)]
+    env = {**os.environ, **CPU_ONLY, 'OMP_NUM_THREADS': '1'}
+    nodes = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    try: results = [n.communicate(timeout=300) for n in nodes]
+    finally:
+        for n in nodes: n.kill(); n.communicate()
+    ft.test_eq([n.returncode for n in nodes], [0, 0])
+    assert sum('2 processes;' in o for o, _ in results) == 1  # one node's worker is rank 0: it alone reports
+    diff = max_diff(weights(out), weights(two_process_run))
+    assert diff < 1e-5, diff
+
+
+def test_exp_train_dist_timeout_bounds_an_unreachable_rendezvous(tmp_path, no_torchrun_env):
+    "exp.train as rank 1 of 2 with nobody at MASTER_ADDR:MASTER_PORT and --dist-timeout 3: one line, exit 2, nothing written."
+    env = {**os.environ, **CPU_ONLY, 'RANK': '1', 'LOCAL_RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '127.0.0.1',
+           'MASTER_PORT': str(free_port()), 'OMP_NUM_THREADS': '1'}
+    proc = subprocess.run([sys.executable, '-m', 'exp.train', '--arch', 'mlp', '--dist-timeout', '3', '--out', str(tmp_path / 'run')],
+                          env=env, capture_output=True, text=True, timeout=90)
+    ft.test_eq(proc.returncode, 2)
+    lines = proc.stderr.strip().splitlines()
+    ft.test_eq(len(lines), 1)
+    assert lines[0].startswith('exp.train: error: [rank 1] rank 1: joining the process group at 127.0.0.1:'), lines
+    assert 'within the 3 s timeout' in lines[0]
+    ft.test_eq(list(tmp_path.iterdir()), [])
+
+
+def test_exp_train_hung_peer_is_one_line_after_the_dist_timeout(tmp_path, no_torchrun_env):
+    "torchrun, rank 1 stopped (SIGSTOP) in epoch 1, --dist-timeout 5: rank 0's one line names the operation and the timeout."
+    proc = launch(FAULT, tmp_path / 'unused', 'stop-rank1', '--arch', 'mlp', '--epochs', 3, '--dist-timeout', 5,
+                  '--out', tmp_path / 'run', nproc=2, timeout=300, env=CPU_ONLY, check=False)
+    assert proc.returncode != 0
+    lines = [l for l in rank_lines(proc.stderr, 0) if 'exp.train: error:' in l]
+    ft.test_eq(len(lines), 1)
+    assert 'DistributedError: rank 0: the gradient all-reduce (DDP, in backward) of epoch 1, batch 4 failed' in lines[0], lines
+    assert 'within the 5 s timeout' in lines[0] and f'the run so far is in {tmp_path / "run.partial"}' in lines[0]

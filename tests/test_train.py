@@ -125,6 +125,9 @@ def test_check_config_normalises():
     (dict(seed=2**63), '--seed must be <= 9223372036854775807, got 9223372036854775808'),
     (dict(lr=0.1, lr_find=True), 'give --lr or --lr-find, not both'),
     (dict(lr_find=True, resume='x'), '--lr-find cannot continue a run'),
+    (dict(dist_timeout=0), '--dist-timeout must be a number of seconds > 0, got 0'),
+    (dict(dist_timeout=float('nan')), '--dist-timeout must be a number of seconds > 0'),
+    (dict(dist_timeout='60'), '--dist-timeout must be a number of seconds > 0'),
 ])
 def test_check_config_refuses(kwargs, message):
     with pytest.raises(ValueError) as info: check_config(TrainConfig(**kwargs))
