@@ -11,8 +11,11 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .exercises import ExerciseError, exercise, expect_close
+
 # %% auto #0
-__all__ = ['logsumexp', 'log_softmax', 'try_compile', 'nll', 'cross_entropy', 'accuracy']
+__all__ = ['logsumexp', 'log_softmax', 'nll', 'cross_entropy', 'accuracy', 'try_compile', 'check_logsumexp_rows',
+           'check_nll_by_hand']
 
 # %% ../nbs/02_cross_entropy.ipynb #cf266b07
 def _check_scores(x: Tensor, name: str, ndim: int | None = None) -> None:
@@ -65,17 +68,6 @@ def log_softmax(x: Tensor) -> Tensor:
         else: out = torch.sub(xc, m, out=buf).sub_(lse)  # nothing needs buf any more: reuse it
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
-# %% ../nbs/02_cross_entropy.ipynb #e2b3c4d5
-def try_compile(fn: Callable, *example, **compile_kwargs) -> tuple[Callable, str | None]:
-    "`fn` under `torch.compile`, compiled now on `example`, and None; where compiling fails, `fn` itself and the reason."
-    try:
-        compiled = torch.compile(fn, **compile_kwargs)
-        compiled(*example)  # torch.compile is lazy: the first call compiles, and fails if it cannot
-        return compiled, None
-    except Exception as e:  # no C++ compiler or Python headers, an unsupported platform or Python version, ...
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ''
-        return fn, f"{type(e).__name__}: {first_line}"
-
 # %% ../nbs/02_cross_entropy.ipynb #b27d96f1
 def _check_labels(t: Tensor, name: str, scores: Tensor, scores_name: str) -> None:
     "Raise TypeError/ValueError naming `name` unless `t` holds 1-d integer labels, one per row of `scores`."
@@ -109,9 +101,51 @@ def accuracy(out: Tensor, targ: Tensor) -> Tensor:
     _check_labels(targ, 'targ', out, 'out')
     return (out.argmax(dim=1) == targ).float().mean()
 
+# %% ../nbs/02_cross_entropy.ipynb #e2b3c4d5
+def try_compile(fn: Callable, *example, **compile_kwargs) -> tuple[Callable, str | None]:
+    "`fn` under `torch.compile`, compiled now on `example`, and None; where compiling fails, `fn` itself and the reason."
+    try:
+        compiled = torch.compile(fn, **compile_kwargs)
+        compiled(*example)  # torch.compile is lazy: the first call compiles, and fails if it cannot
+        return compiled, None
+    except Exception as e:  # no C++ compiler or Python headers, an unsupported platform or Python version, ...
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ''
+        return fn, f"{type(e).__name__}: {first_line}"
+
 # %% ../nbs/02_cross_entropy.ipynb #b8d4f2e3
 def _n_correct(out: Tensor, targ: Tensor) -> Tensor:
     "How many rows of `out` have their largest entry at index `targ`: accuracy times the batch size, unchecked."
     return (out.argmax(dim=1) == targ).sum()
 
 accuracy.batch_sum = _n_correct  # what a sum over batches adds up instead of accuracy(out, targ) * len(out)
+
+# %% ../nbs/02_cross_entropy.ipynb #142b2419
+@exercise
+def check_logsumexp_rows(logsumexp_rows: Callable[[Tensor], Tensor]) -> None:
+    "Exercise 1: `logsumexp_rows(x)` is the stable LogSumExp of each row of a 2-d `x`."
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.randn(3, 5, generator=gen), torch.randn(2, 5, generator=gen) + 1000,
+                   torch.randn(2, 5, generator=gen) - 1000])
+    got = logsumexp_rows(x.clone())
+    if isinstance(got, Tensor) and not got.isfinite().all():
+        raise ExerciseError("logsumexp_rows(x) is not finite on rows near 1000 or -1000: exp overflowed or underflowed. "
+                            "Subtract each row's max before exp, and add it back after the log")
+    m = x.amax(-1, keepdim=True)
+    expect_close(got, torch.logsumexp(x, -1), 'logsumexp_rows(x)', eps=1e-4, mistakes=[
+        ((x - m).exp().sum(-1).log(), "the row's max was subtracted but not added back after the log")],
+        hint="m = x.amax(-1, keepdim=True); m + log(sum(exp(x - m))), per row")
+
+@exercise
+def check_nll_by_hand(nll_by_hand: Callable[[Tensor, Tensor], Tensor]) -> None:
+    "Exercise 2: `nll_by_hand(log_probs, target)` is the mean of -log_probs[i, target[i]]."
+    gen = torch.Generator().manual_seed(0)
+    log_probs = torch.randn(6, 4, generator=gen).log_softmax(-1)
+    target = torch.tensor([3, 0, 1, 3, 2, 1])
+    picked = log_probs[torch.arange(6), target]
+    expect_close(nll_by_hand(log_probs.clone(), target.clone()), torch.nn.functional.nll_loss(log_probs, target),
+                 'nll_by_hand(log_probs, target)', mistakes=[
+        (picked.mean(), "the sign: the loss is minus the log-probability, so that it is small when the model is right"),
+        (-picked.sum(), "that is the sum over the rows: take the mean"),
+        (-log_probs[:, target].mean(), "log_probs[:, target] picks every label's column for every row; pick one per row: "
+                                       "log_probs[torch.arange(len(target)), target]")],
+        hint="index each row i at column target[i], then take minus the mean")

@@ -10,6 +10,9 @@ import torch
 from torch import nn
 
 import exp.backprop
+from exp.anneal import check_cos_anneal, check_one_cycle_lr
+from exp.callbacks import check_cancelled_batch, check_n_events
+from exp.loss import check_logsumexp_rows, check_nll_by_hand
 from exp.backprop import check_leaky_relu_function, check_scale_backward, check_sigmoid_backward
 from exp.data import check_idx_dims, check_normalize_valid
 from exp.fp16 import check_next_scale, check_smallest_scale
@@ -243,7 +246,68 @@ def stopping_epoch_from_one(losses, patience):
     return None if epoch is None else epoch + 1
 
 
+def cos_anneal(start, end, pos): return start + (1 - math.cos(math.pi * pos)) / 2 * (end - start)
+
+
+def one_cycle_lr(pos, lr, pct_start=0.3, div_start=10., div_end=1e5):
+    if pos < pct_start: return cos_anneal(lr / div_start, lr, pos / pct_start)
+    return cos_anneal(lr, lr / div_end, (pos - pct_start) / (1 - pct_start))
+
+
+def n_events(n_train, n_valid, epochs): return 2 + epochs * (3 + 6 * n_train + 4 * n_valid)
+
+
+CANCELLED_BATCH = ['begin_batch', 'after_pred', 'after_cancel_batch', 'after_batch']
+
+
+def logsumexp_rows(x):
+    m = x.amax(-1, keepdim=True)
+    return (m + (x - m).exp().sum(-1, keepdim=True).log()).squeeze(-1)
+
+
+def nll_by_hand(log_probs, target): return -log_probs[torch.arange(len(target)), target].mean()
+
+
 CHECKS = [
+    (check_logsumexp_rows, logsumexp_rows, [
+        (lambda x: x.exp().sum(-1).log(), 'not finite on rows near 1000'),
+        (lambda x: (x - x.amax(-1, keepdim=True)).exp().sum(-1).log(), 'not added back'),
+        (lambda x: logsumexp_rows(x) + 1e-2, r'its element \d+ \(counting in order\) is .* but should be'),
+        (lambda x: logsumexp_rows(x)[:, None], 'has shape'),
+        (lambda x: logsumexp_rows(x).tolist(), 'should be a tensor')]),
+    (check_nll_by_hand, nll_by_hand, [
+        (lambda lp, t: -nll_by_hand(lp, t), 'the sign'),
+        (lambda lp, t: nll_by_hand(lp, t) * len(t), 'the sum over the rows'),
+        (lambda lp, t: -lp[:, t].mean(), 'picks every label'),
+        (lambda lp, t: -lp.mean(), r'nll_by_hand\(log_probs, target\) is wrong: its element 0 .*; index each row'),
+        (lambda lp, t: float(nll_by_hand(lp, t)), 'should be a tensor')]),
+    (check_n_events, n_events, [
+        (lambda t, v, e: e * (3 + 6 * t + 4 * v), 'once per fit'),
+        (lambda t, v, e: 2 + e * (3 + 6 * (t + v)), 'a validation batch has no backward'),
+        (lambda t, v, e: 2 + e * (2 + 6 * t + 4 * v), 'three events of its own'),
+        (lambda t, v, e: n_events(t, v, e) + (t == 3), r'n_events\(3, 2, 2\) = 61, should be 60\. Hint'),
+        (lambda t, v, e: float(n_events(t, v, e)), 'should be an int')]),
+    (check_cancelled_batch, CANCELLED_BATCH, [
+        (['begin_batch', 'after_pred', 'after_loss', 'after_cancel_batch', 'after_batch'], 'skips the rest of the batch'),
+        (CANCELLED_BATCH[:-1], 'after_batch runs for a cancelled batch too'),
+        (['begin_batch', 'after_pred', 'after_batch'], 'after_cancel_batch'),
+        (['begin_batch', 'after_pred', 'after_cancel', 'after_batch'], "'after_cancel' is not an event"),
+        (['begin_batch', 'after_cancel_batch', 'after_pred', 'after_batch'], 'is not what the Runner fires'),
+        ('begin_batch', 'should be a list of event names')]),
+    (check_cos_anneal, cos_anneal, [
+        (lambda s, e, p: s + (1 - math.cos(math.pi * p)) * (e - s), 'twice as far'),
+        (lambda s, e, p: s + p * (e - s), 'that is the linear schedule'),
+        (lambda s, e, p: cos_anneal(e, s, p), 'runs from end to start'),
+        (lambda s, e, p: s + (1 - math.cos(p)) / 2 * (e - s), r'cos_anneal\(1.0, 3.0, 1.0\) = .*, should be 3\. Hint'),
+        (lambda s, e, p: str(cos_anneal(s, e, p)), 'should be a number')]),
+    (check_one_cycle_lr, one_cycle_lr, [
+        (lambda pos, lr, pct=0.3, ds=10., de=1e5: cos_anneal(lr / ds, lr, pos) if pos < pct else cos_anneal(lr, lr / de, pos),
+         "its own pos"),
+        (lambda pos, lr, pct=0.3, ds=10., de=1e5: lr / ds + (lr - lr / ds) * pos / pct if pos < pct
+         else lr + (lr / de - lr) * (pos - pct) / (1 - pct), 'linear in each phase'),
+        (lambda pos, lr, pct=0.3, ds=10., de=1e5: one_cycle_lr(pos, lr, pct, ds, float('inf')), 'ends at 0'),
+        (lambda pos, lr, pct=0.3, ds=10., de=1e5: one_cycle_lr(pos, lr, 0.3, ds, de), r'one_cycle_lr\(0.25, 1.0, 0.5\) = .*, should be .*\. Hint'),
+        (lambda pos, lr, *args: torch.tensor([one_cycle_lr(pos, lr, *args)] * 2), 'should be a number')]),
     (check_resume_start, resume_start, [
         (lambda saved, epochs: saved, 'trains the saved epoch again'),
         (lambda saved, epochs: saved + 1, r'resume_start\(5, 3\) is 6, after the end of a 3-epoch fit'),
@@ -435,7 +499,7 @@ def test_an_unanswered_exercise_is_reported_not_failed(check, capsys):
     class NotAnswered(torch.autograd.Function):  # the notebook's stub for a Function
         forward = staticmethod(lambda ctx, x: not_answered())
         backward = staticmethod(lambda ctx, g: not_answered())
-    stub = {check_leaky_relu_function: NotAnswered, check_ewma_after_three: ..., check_adam_first_step: ...}.get(check, not_answered)
+    stub = {check_leaky_relu_function: NotAnswered, check_ewma_after_three: ..., check_adam_first_step: ..., check_cancelled_batch: ...}.get(check, not_answered)
     assert check(stub) is None
     assert 'not answered yet' in capsys.readouterr().out
 
