@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import time
+from functools import cached_property
 from pathlib import Path
 
 from tools.notebooks import NBS, ROOT, notebooks
@@ -70,12 +71,17 @@ def docstring(obj) -> str:
     return inspect.cleandoc(doc) if isinstance(doc, str) else ''
 
 
+def _getter(value):
+    "The function behind a property or a cached_property (computed once, then a plain attribute); else None."
+    return value.fget if isinstance(value, property) else value.func if isinstance(value, cached_property) else None
+
+
 def _own_members(cls: type, module: str) -> list[tuple[str, object]]:
     "The public methods and properties `cls` defines in `module` (its own body, or patched onto it there)."
     members = []
     for name, value in cls.__dict__.items():
         if name.startswith('_'): continue
-        fn = value.fget if isinstance(value, property) else getattr(value, '__func__', value)
+        fn = _getter(value) or getattr(value, '__func__', value)
         if inspect.isfunction(fn) and fn.__module__ == module: members.append((name, value))
     return members
 
@@ -88,8 +94,8 @@ def _directive(kind: str, name: str, sig: str, doc: str, module: str, fence: str
 def _member(cls_name: str | None, name: str, value, module: str) -> str:
     "One method or property; `cls_name` set for one patched onto a class from another module."
     full = f'{cls_name}.{name}' if cls_name else name
-    if isinstance(value, property):
-        return _directive('property', full, '', docstring(value.fget), module)
+    if _getter(value):
+        return _directive('property', full, '', docstring(_getter(value)), module)
     fn = getattr(value, '__func__', value)
     sig = re.sub(r'^\(self(, )?', '(', signature(fn))  # a method's signature without `self`
     kind = 'method' if not isinstance(value, (staticmethod, classmethod)) else 'staticmethod' if isinstance(value, staticmethod) else 'classmethod'
