@@ -310,6 +310,9 @@ def join_group(backend: str, timeout: float, device: torch.device | None = None)
     attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
     agent = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'  # torchrun's agent hosts the store; else rank 0
     _timeout[0] = timeout
+    # DDP imports torch._dynamo; imported after the group exists, it keeps a reference to it for good, so that
+    # destroy_process_group could not end gloo's threads, which then outlived the interpreter (an abort at exit)
+    import torch._dynamo  # noqa: F401
     try:
         if agent or rank != 0: _wait_for(host, port, timeout)  # in Python: torch's own wait logs each retry on stderr
         store = dist.TCPStore(host, port, world, is_master=not agent and rank == 0, timeout=timedelta(seconds=timeout),

@@ -212,7 +212,7 @@ def test_a_failing_peer_is_a_distributed_error(fault, at, tmp_path, no_torchrun_
         if fault == 'raise': _, peer_err = procs[1].communicate(timeout=60)
     finally:
         for p in procs: p.kill(); p.communicate()
-    ft.test_eq(procs[0].returncode, 1)  # an exception, not a signal: no SIGABRT at exit
+    assert procs[0].returncode == 1, (procs[0].returncode, err[-3000:])  # an exception, not a signal: no SIGABRT at exit
     last = err.strip().splitlines()[-1]
     assert (f"exp.distributed.DistributedError: {OPERATION[at]}: another process died, hung or did "
             "not answer within the 3 s timeout (") in last, err[-3000:]
@@ -221,6 +221,33 @@ def test_a_failing_peer_is_a_distributed_error(fault, at, tmp_path, no_torchrun_
     if fault == 'raise':  # the failing process leaves cleanly too: its error, and no abort at exit
         ft.test_eq(procs[1].returncode, 1)
         assert 'RuntimeError: rank 1: failing on purpose' in peer_err and 'terminate called' not in peer_err, peer_err[-2000:]
+
+LEAVE = """
+import os, torch
+from torch import nn
+from exp.distributed import join_group, shutdown
+from torch.nn.parallel import DistributedDataParallel
+def threads(): return sorted(open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task'))
+join_group('gloo', 5.)
+ddp = DistributedDataParallel(nn.Linear(3, 2))
+ddp(torch.randn(4, 3)).sum().backward()
+print('joined:', threads())
+del ddp
+shutdown()
+print('left:', threads())
+"""
+
+
+@pytest.mark.skipif(not Path('/proc/self/task').is_dir(), reason="lists the process's threads from Linux's /proc")
+def test_leaving_the_group_ends_the_gloo_threads(no_torchrun_env):
+    "After a DDP step, shutdown() ends gloo's threads: none may outlive the interpreter (that ended in SIGABRT at exit)."
+    env = {**os.environ, 'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '1', 'MASTER_ADDR': '127.0.0.1',
+           'MASTER_PORT': str(free_port()), 'OMP_NUM_THREADS': '1'}
+    proc = subprocess.run([sys.executable, '-c', LEAVE], env=env, capture_output=True, text=True, timeout=120)
+    ft.test_eq(proc.returncode, 0)
+    joined, left = (line for line in proc.stdout.splitlines() if line.startswith(('joined:', 'left:')))
+    assert 'gloo' in joined, joined  # the check sees gloo's threads while the group exists
+    assert 'gloo' not in left, left
 
 
 def test_an_unreachable_rendezvous_fails_within_the_timeout(tmp_path, no_torchrun_env):
