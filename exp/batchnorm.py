@@ -13,7 +13,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .backprop import ExerciseError, exercise, expect_close
+from .exercises import ExerciseError, exercise, expect_close
 
 # %% auto #0
 __all__ = ['BatchNorm1d', 'BatchNorm2d', 'LayerNorm', 'GroupNorm', 'check_instance_norm', 'check_fold_bn',

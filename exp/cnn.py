@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from .backprop import ExerciseError, exercise
+from .exercises import ExerciseError, exercise
 from .batchnorm import BatchNorm2d
 from .callbacks import Callback, DataBunch
 from .data import DownloadError, get_data, normalize

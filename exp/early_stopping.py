@@ -11,7 +11,7 @@ from copy import deepcopy
 from numbers import Integral, Real
 from typing import Callable
 
-from .backprop import ExerciseError, exercise
+from .exercises import ExerciseError, exercise
 from .callbacks import AvgStatsCallback, Callback, CancelEpochException, CancelTrainException
 
 # %% auto #0

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .backprop import ExerciseError, exercise
+from .exercises import ExerciseError, exercise
 from .callbacks import Callback
 
 # matplotlib's Figure, named for the type hints only: matplotlib is imported when a plot is drawn (as in exp.anneal)

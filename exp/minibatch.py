@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import BatchSampler, SequentialSampler
 
-from .backprop import ExerciseError, exercise, expect_close
+from .exercises import ExerciseError, exercise, expect_close
 from .loss import accuracy
 
 # %% auto #0

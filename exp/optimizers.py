@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from .backprop import ExerciseError, exercise, expect_close
+from .exercises import ExerciseError, exercise, expect_close
 
 # %% auto #0
 __all__ = ['SGD', 'Adam', 'AdamW', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step']

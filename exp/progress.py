@@ -13,7 +13,7 @@ import fastprogress.fastprogress
 from fastprogress.fastprogress import (ConsoleMasterBar, ConsoleProgressBar, NBMasterBar, NBProgressBar,
                                        format_time)
 
-from .backprop import ExerciseError, exercise
+from .exercises import ExerciseError, exercise
 from .callbacks import AvgStatsCallback, Callback
 
 # %% auto #0
