@@ -35,10 +35,11 @@ def _compute_dtype(x: Tensor) -> torch.dtype:
     return torch.promote_types(x.dtype, torch.float32)
 
 class _BatchNormFunction(torch.autograd.Function):
-    "Normalise `x` with its own statistics over `dims`, then scale and shift; returns (y, mean, biased var). Backward by hand."
+    "Normalise `x` with its own statistics over `dims`, then scale and shift; `track` (a batch norm) gets them. Backward by hand."
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, dims: tuple[int, ...], eps: float):
+    def forward(ctx, x: Tensor, weight: Tensor | None, bias: Tensor | None, dims: tuple[int, ...], eps: float,
+                track: _BatchNormBase | None):
         shape = [1] * x.dim()
         shape[1] = x.shape[1]
         n = x.numel() // x.shape[1]
@@ -52,15 +53,13 @@ class _BatchNormFunction(torch.autograd.Function):
         if bias is not None: y += bias.view(shape)  # (addcmul with per-channel operands is slower on the CPU)
         ctx.save_for_backward(xc, invstd, scale)
         ctx.dims, ctx.n, ctx.affine = dims, n, (weight is not None, bias is not None)
-        mean, var = mean.view(-1), var.view(-1)
-        ctx.mark_non_differentiable(mean, var)
-        ctx.set_materialize_grads(False)  # the statistics get no gradient: no tensors of zeros for them
-        return y, mean, var
+        # the running statistics move here, outside autograd: one output, y, is less bookkeeping than three
+        if track is not None: track._update_running_stats(mean.view(-1), var.view(-1), n)
+        return y
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_y: Tensor | None, _grad_mean, _grad_var):
-        if grad_y is None: return None, None, None, None, None  # only the statistics were used: nothing flows back
+    def backward(ctx, grad_y: Tensor):
         xc, invstd, scale = ctx.saved_tensors
         dims, n = ctx.dims, ctx.n
         grad_bias = grad_y.sum(dims, keepdim=True)
@@ -71,7 +70,7 @@ class _BatchNormFunction(torch.autograd.Function):
         grad_x *= scale
         grad_x.addcmul_(xc, scale * invstd * grad_weight, value=-1 / n)
         has_weight, has_bias = ctx.affine
-        return grad_x, grad_weight.view(-1) if has_weight else None, grad_bias.view(-1) if has_bias else None, None, None
+        return grad_x, grad_weight.view(-1) if has_weight else None, grad_bias.view(-1) if has_bias else None, None, None, None
 
 class _BatchNormBase(_BatchNorm):
     "torch's `_BatchNorm` for parameters, buffers and state dict; the forward pass (and its backward) written here."
@@ -101,9 +100,8 @@ class _BatchNormBase(_BatchNorm):
         if self.training or self.running_mean is None:  # the batch's statistics (also in eval without running ones)
             n = x.numel() // x.shape[1]
             if n < 2: raise ValueError(f"{type(self).__name__} needs more than 1 value per channel in training, got input shape {tuple(x.shape)}")
-            y, mean, var = _BatchNormFunction.apply(xf, weight, bias, (0, *range(2, x.dim())), self.eps)
-            if self.training and self.track_running_stats and self.running_mean is not None:
-                self._update_running_stats(mean, var * (n / (n - 1)))
+            track = self.training and self.track_running_stats and self.running_mean is not None
+            y = _BatchNormFunction.apply(xf, weight, bias, (0, *range(2, x.dim())), self.eps, self if track else None)
         else:  # eval: one multiply-add per value with the running statistics
             shape = [1] * x.dim()
             shape[1] = x.shape[1]
@@ -115,16 +113,18 @@ class _BatchNormBase(_BatchNorm):
             y += shift.view(shape)
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
-    @torch.no_grad()
-    def _update_running_stats(self, mean: Tensor, unbiased_var: Tensor) -> None:
-        "Move the running statistics towards the batch's: torch's momentum convention, or a cumulative average."
+    def _update_running_stats(self, mean: Tensor, var: Tensor, n: int) -> None:
+        "Move the running statistics towards the batch's mean and variance (biased, of `n` values a channel), as torch does."
         self.num_batches_tracked.add_(1)
         rm, rv = self.running_mean, self.running_var
-        if self.momentum is not None: torch._foreach_lerp_([rm, rv], [mean.to(rm.dtype), unbiased_var.to(rv.dtype)], self.momentum)
+        mean, var = mean.to(rm.dtype), var.to(rv.dtype)
+        if self.momentum is not None:  # the exponential average, towards the unbiased variance var * n / (n - 1)
+            rm.lerp_(mean, self.momentum)
+            rv.mul_(1 - self.momentum).add_(var, alpha=self.momentum * n / (n - 1))
         else:  # weight 1/count, as a tensor (float() of the count, as torch's module does, makes a GPU wait)
             weight = self.num_batches_tracked.to(rm.dtype).reciprocal()
-            rm.lerp_(mean.to(rm.dtype), weight)
-            rv.lerp_(unbiased_var.to(rv.dtype), weight)
+            rm.lerp_(mean, weight)
+            rv.lerp_(var * (n / (n - 1)), weight)
 
 class BatchNorm1d(_BatchNormBase):
     "Batch norm over (N, C) or (N, C, L) inputs, from scratch; the same arguments, buffers and state dict as `nn.BatchNorm1d`."
