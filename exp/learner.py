@@ -81,7 +81,9 @@ class TerminateOnNaNCallback(Callback):
         run = self.run  # read directly at every batch: see notebook 04's "Making it fast"
         if not (self.active and run.in_train): return
         loss = run.loss
-        if loss.device.type == 'cpu':  # reading it costs a microsecond: check now, before the step uses it
+        # on the CPU reading it costs a microsecond: check now, before the step uses it. (is_cpu, not
+        # loss.device.type: that builds a torch.device a batch, which in a training loop costs more than the check)
+        if loss.is_cpu:
             value = loss.item()  # a Python float, without the detached copy that keeping the loss would need
             if not math.isfinite(value): self._stop(self.batch, value)
         else: self.kept.append(loss.detach())  # reading it would wait for the device: check the epoch's losses together
