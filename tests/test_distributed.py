@@ -222,6 +222,7 @@ def test_a_failing_peer_is_a_distributed_error(fault, at, tmp_path, no_torchrun_
         ft.test_eq(procs[1].returncode, 1)
         assert 'RuntimeError: rank 1: failing on purpose' in peer_err and 'terminate called' not in peer_err, peer_err[-2000:]
 
+
 LEAVE = """
 import os, torch
 from torch import nn
