@@ -14,6 +14,11 @@ import fp16_gpu  # noqa: E402  (bench/ is not a package)
 from fastcore import test as ft  # noqa: E402  (fastcore.test.test_eq would be collected by pytest as a test)
 
 
+def reported(output: str) -> dict[str, str]:
+    "The `name: value` lines a bench script printed, as a dict."
+    return dict(line.split(': ', 1) for line in output.splitlines() if ': ' in line)
+
+
 @pytest.mark.parametrize('sizes, bs', [([784, 32, 32, 10], 16), ([5, 7, 3], 4), ([784, 64, 64, 64, 10], 9)])
 def test_matmul_flops_per_step_is_what_torch_counts(sizes, bs, monkeypatch):
     "Our count of one training step's matrix-product FLOPs equals torch's FlopCounterMode over forward and backward."
@@ -38,7 +43,7 @@ def test_fp16_gpu_dry_run_on_cpu():
     proc = subprocess.run([sys.executable, 'bench/fp16_gpu.py', '--dry-run', '--only', 'fp32', 'ours_fp16', 'ours_fp16_compiled',
                            'amp_fp16'], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = dict(line.split(': ', 1) for line in proc.stdout.splitlines() if ': ' in line)
+    lines = reported(proc.stdout)
     for name in ('fp32', 'ours_fp16', 'ours_fp16_compiled', 'amp_fp16'):
         assert float(lines[f'{name}_step_ms']) > 0 and lines[f'{name}_of_fp16_peak'].endswith('%')
         assert 2.0 < float(lines[f'{name}_final_loss']) < 2.7  # ten classes, three steps: near log(10) = 2.30
@@ -52,7 +57,7 @@ def test_fp16_gpu_goes_on_where_compiling_fails(monkeypatch, capsys):
     monkeypatch.setattr(torch, 'compile', no_backend)
     monkeypatch.setattr(sys, 'argv', ['fp16_gpu.py', '--dry-run', '--only', 'fp32', 'ours_fp16_compiled'])
     fp16_gpu.main()
-    lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines() if ': ' in line)
+    lines = reported(capsys.readouterr().out)
     ft.test_eq(lines['ours_fp16_compiled'], 'not available (RuntimeError: Cannot find a working triton installation)')
     assert float(lines['fp32_step_ms']) > 0 and 'ours_fp16_compiled_step_ms' not in lines
 
@@ -72,7 +77,7 @@ def test_report_ratio(bench_overhead, capsys):
     "The ratio is of the medians; the spread is over each round's own ratio; the overhead is per training batch."
     bench_overhead.report_ratio('x', [1.10, 1.30, 1.02], [1.0, 1.2, 0.9], 1.05)
     bench_overhead.report_ratio('y', [1.10, 1.30, 1.02], [1.0, 1.2, 0.9], 1.2)
-    lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines())
+    lines = reported(capsys.readouterr().out)
     ft.test_eq(lines['x_epoch_s'], '1.1')
     ft.test_eq(lines['x_ratio'], '1.100')
     ft.test_eq(lines['x_ratio_spread'], '1.083-1.133')  # 1.30/1.2 and 1.02/0.9
@@ -93,7 +98,7 @@ def test_rounds_of_alternates(bench_overhead):
 def test_same_work_mlp(bench_overhead, capsys):
     "fit_one_cycle and the hand loop end with the same weights and sums, to the last bit; one lr off at one batch is caught."
     bench_overhead.same_work('mlp')
-    lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines())
+    lines = reported(capsys.readouterr().out)
     ft.test_eq((lines['mlp_same_weights'], lines['mlp_same_stats']), ('True', 'True'))
     schedule = list(bench_overhead.SCHEDULE['mlp'])
     lr, mom = schedule[500]
@@ -107,7 +112,7 @@ def test_same_work_mlp(bench_overhead, capsys):
 def test_same_work_cnn(bench_overhead, capsys):
     "The same on the lesson's CNN, whose images come from a batch transform."
     bench_overhead.same_work('cnn')
-    lines = dict(line.split(': ', 1) for line in capsys.readouterr().out.splitlines())
+    lines = reported(capsys.readouterr().out)
     ft.test_eq((lines['cnn_same_weights'], lines['cnn_same_stats']), ('True', 'True'))
 
 
