@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from .anneal import Recorder
-from .batchnorm import GroupNorm, LayerNorm
+from .batchnorm import GroupNorm, LayerNorm, RunningBatchNorm
 from .callbacks import AvgStatsCallback, Callback, CancelStepException, CancelTrainException, Learner, NonFiniteError
 from .cnn import DeviceCallback
 from .early_stopping import LRFinder, opt_state
@@ -24,9 +24,9 @@ __all__ = ['model_to_half', 'get_master', 'to_master_grads', 'to_model_params', 
            'to_fp16', 'to_bf16', 'check_next_scale', 'check_smallest_scale']
 
 # %% ../nbs/09_fp16.ipynb #887a54dc
-# torch's batch norms and the series' own (which subclass _BatchNorm), and the series' LayerNorm and GroupNorm:
+# torch's batch norms and the series' own (which subclass _BatchNorm), and the series' LayerNorm, GroupNorm and RunningBatchNorm:
 # each normalises half inputs in fp32 with fp32 parameters
-_NORM_TYPES = (nn.modules.batchnorm._BatchNorm, LayerNorm, GroupNorm)
+_NORM_TYPES = (nn.modules.batchnorm._BatchNorm, LayerNorm, GroupNorm, RunningBatchNorm)
 
 def model_to_half(model: nn.Module, dtype: torch.dtype = torch.float16) -> nn.Module:
     "Convert `model` to `dtype` in place, except normalisation layers (batch norm, exp.batchnorm's), which stay fp32, never rounded."

@@ -1,4 +1,5 @@
-"""Unit tests for exp.batchnorm: BatchNorm1d, BatchNorm2d, LayerNorm and GroupNorm against PyTorch's (its exercises: test_exercises.py)."""
+"""Unit tests for exp.batchnorm: BatchNorm1d, BatchNorm2d, LayerNorm and GroupNorm against PyTorch's, and RunningBatchNorm against
+batch norm and the pooled statistics written out (its exercises: test_exercises.py)."""
 import copy
 import math
 
@@ -9,7 +10,7 @@ from fastcore import test as ft  # fastcore.test.test_eq would be collected by p
 from hypothesis import given, settings, strategies as st
 from torch import nn
 
-from exp.batchnorm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
+from exp.batchnorm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RunningBatchNorm
 from exp.data import set_seed
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -276,4 +277,119 @@ def test_groupnorm_special_cases_and_state_dicts():
     (lambda: LayerNorm(4)(torch.randn(2, 5)), r'LayerNorm\(\[4\]\) needs inputs ending in \[4\], got shape \(2, 5\)'),
     (lambda: LayerNorm((2, 4))(torch.randn(4)), r'needs inputs ending in \[2, 4\]')])
 def test_layer_and_group_norm_bad_input(make, message):
+    with pytest.raises(ValueError, match=message): make()
+
+
+# ---------------------------------------------------------------- running batch norm
+
+
+def batch_norm_of(layer, x):
+    "Batch norm with `layer`'s weight and bias and `x`'s own statistics (biased variance)."
+    return F.batch_norm(x, None, None, layer.weight, layer.bias, training=True, eps=layer.eps)
+
+
+def grads(y, layer, x, grad):
+    return torch.autograd.grad(y, (x, layer.weight, layer.bias), grad)
+
+
+RBN_SHAPES = [(16, 6, 5, 5), (32, 6), (8, 6, 7)]
+
+
+@pytest.mark.parametrize('shape', RBN_SHAPES, ids=['2d', '1d_2D_input', '1d_3D_input'])
+@pytest.mark.parametrize('momentum', [0.1, 0.5, 1.0])
+def test_running_batchnorm_at_its_first_batch_is_batch_norm(shape, momentum):
+    "With no history the statistics are the batch's own, whatever the momentum: outputs and gradients are batch norm's."
+    set_seed(0)
+    rbn = RunningBatchNorm(6, momentum=momentum)
+    spread_affine(rbn)
+    x, grad = (torch.randn(shape) * 3 + 1).requires_grad_(), torch.randn(shape)
+    y, ref = rbn(x), batch_norm_of(rbn, x)
+    torch.testing.assert_close(y, ref, **TOL)
+    for mine, theirs in zip(grads(y, rbn, x, grad), grads(ref, rbn, x, grad)): torch.testing.assert_close(mine, theirs, **TOL)
+
+
+def test_running_batchnorm_with_momentum_1_is_batch_norm_at_every_batch():
+    set_seed(1)
+    rbn = RunningBatchNorm(6, momentum=1.0)
+    spread_affine(rbn)
+    for bs in (16, 3, 40, 2):
+        x, grad = (torch.randn(bs, 6, 4, 4) * 2 - 1).requires_grad_(), torch.randn(bs, 6, 4, 4)
+        y, ref = rbn(x), batch_norm_of(rbn, x)
+        torch.testing.assert_close(y, ref, **TOL)
+        for mine, theirs in zip(grads(y, rbn, x, grad), grads(ref, rbn, x, grad)): torch.testing.assert_close(mine, theirs, **TOL)
+
+
+def test_running_batchnorm_pools_the_batches_with_batch_size_weights():
+    "After batches of 4, 9 and 2, mean and variance are those of every value seen, each batch weighted as written out here."
+    set_seed(2)
+    momentum, sizes = 0.2, (4, 9, 2)
+    rbn = RunningBatchNorm(3, momentum=momentum).double()
+    spread_affine(rbn)
+    xs = [torch.randn(bs, 3, 4, 4, dtype=torch.float64) * (1 + k) + k for k, bs in enumerate(sizes)]
+    for x in xs: rbn(x)
+    ws = [1 - (1 - momentum) / math.sqrt(bs - 1) for bs in sizes]
+    weights = [w * math.prod(1 - v for v in ws[k + 1:]) for k, w in enumerate(ws)]
+    total = sum(wt * 16 * bs for wt, bs in zip(weights, sizes))
+    mean = sum(wt * x.sum((0, 2, 3)) for wt, x in zip(weights, xs)) / total
+    var = sum(wt * ((x - mean.view(1, -1, 1, 1)) ** 2).sum((0, 2, 3)) for wt, x in zip(weights, xs)) / total
+    ft.test_eq(int(rbn.seen), sum(sizes))
+    # eval normalises with exactly those statistics, and leaves the buffers as they are
+    before = copy.deepcopy(rbn.state_dict())
+    x = torch.randn(5, 3, 4, 4, dtype=torch.float64)
+    want = F.batch_norm(x, mean, var, rbn.weight, rbn.bias, training=False, eps=rbn.eps)
+    torch.testing.assert_close(rbn.eval()(x), want, rtol=1e-10, atol=1e-10)
+    for k, v in rbn.state_dict().items(): ft.test_eq(v, before[k])
+
+
+def test_running_batchnorm_gradient_goes_through_the_current_batch_only():
+    "gradcheck in float64 of a second training batch (each call on a fresh copy of the layer after its first batch)."
+    set_seed(3)
+    rbn = RunningBatchNorm(3).double()
+    spread_affine(rbn)
+    rbn(torch.randn(6, 3, 4, 4, dtype=torch.float64))
+    x = torch.randn(4, 3, 4, 4, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: copy.deepcopy(rbn)(x), (x,))
+    # and the gradient differs from batch norm's: the history moves the statistics, but takes no gradient
+    grad = torch.randn(4, 3, 4, 4, dtype=torch.float64)
+    y = copy.deepcopy(rbn)(x)
+    assert not torch.allclose(torch.autograd.grad(y, x, grad)[0], torch.autograd.grad(batch_norm_of(rbn, x), x, grad)[0], atol=1e-3)
+
+
+def test_running_batchnorm_variance_floor_during_warmup():
+    "A channel of variance 0 is taken as 0.01 until 20 samples are seen, then as 0."
+    rbn = RunningBatchNorm(2)
+    x = torch.stack([torch.full((2, 3, 3), 5.), torch.randn(2, 3, 3)], 1)  # channel 0 constant
+    torch.testing.assert_close(rbn(x)[:, 0], torch.zeros(2, 3, 3), **TOL)  # x - mean is 0 in training
+    with torch.no_grad(): rbn.count.fill_(1.), rbn.sums[0].fill_(5.25), rbn.sqrs[0].fill_(5.25 ** 2)  # mean 5.25, variance exactly 0
+    for seen, floor in [(2, 0.01), (19, 0.01), (20, 0.)]:
+        rbn.seen.fill_(seen)
+        torch.testing.assert_close(rbn.eval()(x)[:, 0], torch.full((2, 3, 3), -0.25 / math.sqrt(floor + 1e-5)), rtol=1e-4, atol=0)
+
+
+def test_running_batchnorm_state_half_inputs_and_untrained_eval():
+    set_seed(4)
+    rbn = RunningBatchNorm(4)
+    x = torch.randn(8, 4, 3, 3)
+    torch.testing.assert_close(rbn.eval()(x), x, rtol=1e-4, atol=1e-4)  # no statistics yet: mean 0, variance 1
+    rbn.train()
+    for _ in range(3): rbn(torch.randn(8, 4, 3, 3) * 2 + 1)
+    again = RunningBatchNorm(4)
+    again.load_state_dict(rbn.state_dict())
+    ft.test_eq(list(again.state_dict()), ['weight', 'bias', 'sums', 'sqrs', 'count', 'seen'])
+    torch.testing.assert_close(again.eval()(x), rbn.eval()(x), rtol=0, atol=0)
+    out = rbn(x.half())
+    ft.test_eq((out.dtype, rbn.sums.dtype), (torch.float16, torch.float32))
+    torch.testing.assert_close(out.float(), rbn(x), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize('make, message', [
+    (lambda: RunningBatchNorm(0), 'num_features must be a positive int, got 0'),
+    (lambda: RunningBatchNorm(4, momentum=0), r'momentum must be a number in \(0, 1\], got 0'),
+    (lambda: RunningBatchNorm(4, momentum=1.5), r'momentum must be a number in \(0, 1\]'),
+    (lambda: RunningBatchNorm(4, momentum=True), r'momentum must be a number in \(0, 1\]'),
+    (lambda: RunningBatchNorm(4, eps=-1), 'eps must be a number > 0'),
+    (lambda: RunningBatchNorm(4)(torch.randn(1, 4, 3, 3)), r'needs batches of 2 or more in training, got shape \(1, 4, 3, 3\)'),
+    (lambda: RunningBatchNorm(4)(torch.randn(2, 3, 3, 3)), r'RunningBatchNorm\(4\) needs \(N, 4, \.\.\.\) inputs, got shape \(2, 3, 3, 3\)'),
+    (lambda: RunningBatchNorm(4)(torch.randn(4)), 'needs')])
+def test_running_batchnorm_bad_input(make, message):
     with pytest.raises(ValueError, match=message): make()

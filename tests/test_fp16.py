@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
 from torch import nn, optim
 
-from exp.batchnorm import BatchNorm1d, GroupNorm, LayerNorm
+from exp.batchnorm import BatchNorm1d, GroupNorm, LayerNorm, RunningBatchNorm
 from exp.callbacks import Callback, DataBunch, Learner, Runner
 from exp.data import set_seed
 from exp.early_stopping import LRFinder
@@ -362,8 +362,8 @@ def test_fp16_and_bf16_reach_fp32_accuracy(norm, capsys):
         assert abs(train_accuracy(convert, norm=norm) - acc32) <= 0.02
 
 
-@pytest.mark.parametrize('norm', [nn.BatchNorm1d(16), BatchNorm1d(16), LayerNorm(16), GroupNorm(4, 16)],
-                         ids=['torch_bn', 'our_bn', 'our_ln', 'our_gn'])
+@pytest.mark.parametrize('norm', [nn.BatchNorm1d(16), BatchNorm1d(16), LayerNorm(16), GroupNorm(4, 16), RunningBatchNorm(16)],
+                         ids=['torch_bn', 'our_bn', 'our_ln', 'our_gn', 'our_running_bn'])
 def test_model_to_half_keeps_norm_layers_in_fp32(norm):
     set_seed(0)
     model = nn.Sequential(nn.Linear(20, 16), norm, nn.ReLU(), nn.Linear(16, 4))
