@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .callbacks import Callback, Runner
-from .exercises import ExerciseError, exercise
+from .exercises import exercise, expect_number
 
 # matplotlib's Axes and Figure, named for the type hints only: matplotlib is imported when a plot is drawn,
 # not with this module, because it costs 0.4 s and training does not need it
@@ -252,14 +252,8 @@ def _check_cases(answer: Callable, name: str, cases: list[tuple], right: Callabl
                  hint: str) -> None:
     "Raise ExerciseError at the first case where `answer(*case)` is not `right(*case)`, with a known mistake's hint if it is one."
     for case in cases:
-        what, got = f"{name}{case}", answer(*case)
-        if hasattr(got, 'numel') and got.numel() == 1: got = got.item()  # a one-element tensor is a number too
-        if isinstance(got, bool) or not isinstance(got, (int, float)): raise ExerciseError(f"{what} should be a number, got {got!r}")
-        want = right(*case)
-        if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-12): continue
-        for wrong, wrong_hint in mistakes:
-            if math.isclose(got, wrong(*case), rel_tol=1e-6, abs_tol=1e-12): raise ExerciseError(f"{what} = {got:.6g}: {wrong_hint}")
-        raise ExerciseError(f"{what} = {got:.6g}, should be {want:.6g}. Hint: {hint}")
+        expect_number(answer(*case), right(*case), f"{name}{case}", [(wrong(*case), wrong_hint) for wrong, wrong_hint in mistakes],
+                      hint, abs_tol=1e-12)
 
 @exercise
 def check_cos_anneal(cos_anneal: Callable) -> None:

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from fastcore.basics import listify
 from torch import nn
 
-from .exercises import ExerciseError, exercise
+from .exercises import ExerciseError, exercise, expect_number
 from .optimizers import SGD
 
 # %% auto #0
@@ -510,14 +510,8 @@ def check_n_events(n_events: Callable) -> None:
                 (lambda t, v, e: 2 + e * (3 + 6 * (t + v)), "a validation batch has no backward and no step: 4 events, not 6"),
                 (lambda t, v, e: 2 + e * (2 + 6 * t + 4 * v), "each epoch has three events of its own: begin_epoch, begin_validate, after_epoch")]
     for case in [(2, 1, 1), (3, 2, 2), (1, 0, 3), (0, 0, 2), (5, 4, 1)]:
-        got, want = n_events(*case), len(_events_fired(*case))
-        if hasattr(got, 'numel') and got.numel() == 1: got = got.item()
-        if isinstance(got, bool) or not isinstance(got, int): raise ExerciseError(f"n_events{case} should be an int, got {got!r}")
-        if got == want: continue
-        for wrong, hint in mistakes:
-            if got == wrong(*case): raise ExerciseError(f"n_events{case} = {got}: {hint}")
-        raise ExerciseError(f"n_events{case} = {got}, should be {want}. Hint: count the events of a training batch, "
-                            "of a validation batch and of an epoch, as in the trace above")
+        expect_number(n_events(*case), len(_events_fired(*case)), f"n_events{case}", [(wrong(*case), hint) for wrong, hint in mistakes],
+                      integer=True, hint="count the events of a training batch, of a validation batch and of an epoch, as in the trace above")
 
 @exercise
 def check_cancelled_batch(cancelled_batch: Sequence[str]) -> None:

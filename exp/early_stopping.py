@@ -11,7 +11,7 @@ from copy import deepcopy
 from numbers import Integral, Real
 from typing import Callable
 
-from .exercises import ExerciseError, exercise
+from .exercises import ExerciseError, exercise, expect_number
 from .callbacks import AvgStatsCallback, Callback, CancelEpochException, CancelTrainException
 
 # %% auto #0
@@ -192,12 +192,6 @@ class EarlyStopping(TrackerCallback):
         self.wait = wait
 
 # %% ../nbs/06_early_stopping.ipynb #4bb220b1
-def _number(got, what: str) -> float:
-    "`got` as a float (a one-element tensor too); else an ExerciseError naming `what`."
-    if hasattr(got, 'numel') and got.numel() == 1: got = got.item()
-    if isinstance(got, bool) or not isinstance(got, Real): raise ExerciseError(f"{what} should be a number, got {got!r}")
-    return float(got)
-
 @exercise
 def check_lr_at(lr_at: Callable) -> None:
     "Exercise 1: `lr_at(i, min_lr, max_lr, max_iter)` is the LR finder's learning rate at training batch `i`."
@@ -207,13 +201,8 @@ def check_lr_at(lr_at: Callable) -> None:
                 (lambda i, lo, hi, n: lo * (hi / lo) ** (i / n),
                  "that reaches max_lr one batch too late: batch max_iter - 1 is the last, and its lr is max_lr")]
     for case in [(0, 1e-6, 10., 100), (99, 1e-6, 10., 100), (50, 1e-6, 10., 100), (3, 1e-3, 1., 4), (7, 0.01, 1., 21)]:
-        what = f"lr_at{case}"
-        got, want = _number(lr_at(*case), what), right(*case)
-        if math.isclose(got, want, rel_tol=1e-6): continue
-        for wrong, hint in mistakes:
-            if math.isclose(got, wrong(*case), rel_tol=1e-6): raise ExerciseError(f"{what} = {got:.6g}: {hint}")
-        raise ExerciseError(f"{what} = {got:.6g}, should be {want:.6g}. Hint: min_lr times (max_lr / min_lr) "
-                            "to the power of the share of the way done, i / (max_iter - 1)")
+        expect_number(lr_at(*case), right(*case), f"lr_at{case}", [(wrong(*case), hint) for wrong, hint in mistakes],
+                      hint="min_lr times (max_lr / min_lr) to the power of the share of the way done, i / (max_iter - 1)")
 
 def _stopping_epoch(losses: list, patience: int, better=lambda a, b: a < b, since_best: bool = True,
                     extra: int = 0) -> int | None:

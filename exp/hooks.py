@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .exercises import ExerciseError, exercise
+from .exercises import ExerciseError, exercise, expect_number
 from .callbacks import Callback
 
 # matplotlib's Figure, named for the type hints only: matplotlib is imported when a plot is drawn (as in exp.anneal)
@@ -209,15 +209,9 @@ class GeneralRelu(nn.Module):
 def check_he_std(he_std: Callable) -> None:
     "Exercise 1: `he_std(fan_in, leak)` is the std of He's init for `fan_in` inputs and a leaky ReLU of slope `leak`."
     for fan_in, leak in [(25, 0.), (144, 0.), (288, 0.1), (1000, 0.5)]:
-        got = he_std(fan_in, leak)
-        want = math.sqrt(2 / ((1 + leak ** 2) * fan_in))
-        if isinstance(got, Tensor) and got.numel() == 1: got = got.item()
-        if isinstance(got, bool) or not isinstance(got, Real): raise ExerciseError(f"he_std({fan_in}, {leak}) should be a number, got {got!r}")
-        if math.isclose(got, want, rel_tol=1e-6): continue
-        if math.isclose(got, math.sqrt(2 / fan_in), rel_tol=1e-6):
-            raise ExerciseError(f"he_std({fan_in}, {leak}) = {got:.6g} is the std for a plain ReLU: a leaky one keeps (1 + leak**2) / 2 of the variance, not 1/2")
-        raise ExerciseError(f"he_std({fan_in}, {leak}) = {got:.6g} is wrong, it should be {want:.6g}. Hint: the layer multiplies the "
-                            "variance by fan_in * std**2 * (the share of it the leaky ReLU keeps); that product must be 1")
+        expect_number(he_std(fan_in, leak), math.sqrt(2 / ((1 + leak ** 2) * fan_in)), f"he_std({fan_in}, {leak})", [
+            (math.sqrt(2 / fan_in), "that is the std for a plain ReLU: a leaky one keeps (1 + leak**2) / 2 of the variance, not 1/2")],
+            hint="the layer multiplies the variance by fan_in * std**2 * (the share of it the leaky ReLU keeps); that product must be 1")
 
 @exercise
 def check_zero_fraction(zero_fraction: Callable) -> None:

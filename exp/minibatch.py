@@ -11,7 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import BatchSampler, SequentialSampler
 
-from .exercises import ExerciseError, exercise, expect_close
+from .exercises import exercise, expect_close, expect_number
 from .loss import accuracy
 
 # %% auto #0
@@ -141,13 +141,11 @@ def get_dls(train_ds: Dataset, valid_ds: Dataset, bs: int, **kwargs) -> tuple[Da
 def check_n_batches(n_batches: Callable) -> None:
     "Exercise 1: `n_batches(n, bs, drop_last)` is the number of batches of `bs` out of `n` items."
     for n, bs, drop_last in [(1000, 128, False), (1000, 128, True), (4000, 64, False), (10, 3, True), (10, 3, False), (5, 8, True)]:
-        got, want = n_batches(n, bs, drop_last), len(BatchSampler(SequentialSampler(range(n)), bs, drop_last))
-        what = f"n_batches({n}, {bs}, {drop_last})"
-        if isinstance(got, bool) or not isinstance(got, int): raise ExerciseError(f"{what} should be an int, got {got!r}")
-        if got == want: continue
-        if drop_last and got == -(-n // bs): raise ExerciseError(f"{what} is {got}, should be {want}: drop_last drops the last, smaller batch")
-        if not drop_last and got == n // bs: raise ExerciseError(f"{what} is {got}, should be {want}: without drop_last the last, smaller batch counts too")
-        raise ExerciseError(f"{what} is {got}, should be {want}. Hint: n // bs full batches, plus one if some items are left over and drop_last is False")
+        want = len(BatchSampler(SequentialSampler(range(n)), bs, drop_last))
+        mistake = ((-(-n // bs), "drop_last drops the last, smaller batch") if drop_last else
+                   (n // bs, "without drop_last the last, smaller batch counts too"))
+        expect_number(n_batches(n, bs, drop_last), want, f"n_batches({n}, {bs}, {drop_last})", [mistake], integer=True,
+                      hint="n // bs full batches, plus one if some items are left over and drop_last is False")
 
 @exercise
 def check_epoch_loss(epoch_loss: Callable) -> None:

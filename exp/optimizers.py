@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from .exercises import ExerciseError, exercise, expect_close
+from .exercises import ExerciseError, exercise, expect_close, expect_number
 
 # %% auto #0
 __all__ = ['SGD', 'Adam', 'AdamW', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step']
@@ -153,20 +153,13 @@ class AdamW(Adam):
         super().__init__(params, lr, betas, eps, weight_decay)
 
 # %% ../nbs/03b_optimizers.ipynb #5588e477
-def _expect_number(got, want: float, what: str, mistakes: Iterable[tuple[float, str]] = (), hint: str = '') -> None:
-    "Raise ExerciseError unless `got` is a number within 1e-4 relative of `want`; a known mistake (within 1%) gets its own hint."
-    if isinstance(got, Tensor) and got.numel() == 1: got = got.item()
-    if isinstance(got, bool) or not isinstance(got, Real): raise ExerciseError(f"{what} should be a number, got {got!r}")
-    got = float(got)
-    if math.isclose(got, want, rel_tol=1e-4): return
-    for wrong, wrong_hint in mistakes:
-        if math.isclose(got, wrong, rel_tol=1e-2): raise ExerciseError(f"{what} = {got:.6g} is wrong: {wrong_hint}")
-    raise ExerciseError(f"{what} = {got:.6g} is wrong" + (f": {hint}" if hint else ''))
+# a value worked out by hand: rounded, so right within 1e-4 and a known mistake within 1%; the right value is not shown
+_BY_HAND = dict(rel_tol=1e-4, mistake_tol=1e-2, reveal=False)
 
 @exercise
 def check_ewma_after_three(value) -> None:
     "Exercise 1: the EWMA (beta 0.9, from 0) of three 1.0s."
-    _expect_number(value, 1 - 0.9 ** 3, 'ewma_after_three', mistakes=[
+    expect_number(value, 1 - 0.9 ** 3, 'ewma_after_three', **_BY_HAND, mistakes=[
         (0.9 ** 3, "that is the weight still on the starting 0; the weights on the three 1.0s add up to the rest"),
         (0.1, "that is the average after one step; each step adds (1 - beta) times the new value to beta times the old average"),
         (0.3, "the weights are not equal: (1 - beta) * beta**k on the value k steps back")],
@@ -199,7 +192,7 @@ def check_rmsprop_step(rmsprop_step: Callable) -> None:
 def check_adam_first_step(value) -> None:
     "Exercise 3: how much Adam (lr 0.01) moves a weight whose first gradient is 0.001."
     lr, g, eps = 0.01, 1e-3, 1e-8
-    _expect_number(value, -lr * g / (abs(g) + eps), 'adam_first_step', mistakes=[
+    expect_number(value, -lr * g / (abs(g) + eps), 'adam_first_step', **_BY_HAND, mistakes=[
         (lr * g / (abs(g) + eps), "Adam steps against the gradient: the change is negative"),
         (-lr * g, "that is SGD's step; Adam divides by the root of the (debiased) average of g**2"),
         (-lr * 0.1 * g / (math.sqrt(0.001) * abs(g) + eps), "that is without bias correction: divide m by 1 - 0.9 and v by 1 - 0.999 first")],

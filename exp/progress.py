@@ -6,14 +6,13 @@
 from __future__ import annotations
 
 import sys
-from numbers import Real
 from typing import Callable
 
 import fastprogress.fastprogress
 from fastprogress.fastprogress import (ConsoleMasterBar, ConsoleProgressBar, NBMasterBar, NBProgressBar,
                                        format_time)
 
-from .exercises import ExerciseError, exercise
+from .exercises import ExerciseError, exercise, expect_number
 from .callbacks import AvgStatsCallback, Callback
 
 # %% auto #0
@@ -129,12 +128,9 @@ class ProgressCallback(Callback):
 def check_eta(eta: Callable) -> None:
     "Exercise 1: `eta(elapsed, done, total)` is the seconds left when `done` of `total` batches took `elapsed` seconds."
     for elapsed, done, total in [(10., 5, 20), (3., 1, 4), (7.5, 30, 30), (0.6, 3, 100)]:
-        what, want = f"eta({elapsed}, {done}, {total})", elapsed / done * (total - done)
-        got = eta(elapsed, done, total)
-        if isinstance(got, bool) or not isinstance(got, Real): raise ExerciseError(f"{what} should be a number, got {got!r}")
-        if abs(got - want) <= 1e-9 * max(1., want): continue
-        if abs(got - elapsed / done * total) <= 1e-9 * want: raise ExerciseError(f"{what} = {got:g} is the time of the whole pass: subtract what is done")
-        raise ExerciseError(f"{what} = {got:g}, should be {want:g}. Hint: the average time per batch so far, times the batches still to go")
+        expect_number(eta(elapsed, done, total), elapsed / done * (total - done), f"eta({elapsed}, {done}, {total})",
+                      [(elapsed / done * total, "that is the time of the whole pass: subtract what is done")], rel_tol=1e-9, abs_tol=1e-9,
+                      hint="the average time per batch so far, times the batches still to go")
 
 @exercise
 def check_redrawn_line(redrawn_line: Callable) -> None:

@@ -17,7 +17,7 @@ from exp.backprop import check_leaky_relu_function, check_scale_backward, check_
 from exp.data import check_idx_dims, check_normalize_valid
 from exp.fp16 import check_next_scale, check_smallest_scale
 from exp.learner import check_resume_start, check_suggest_lr
-from exp.exercises import ExerciseError, check_mse, check_one_hot, check_relu, exercise, expect_close
+from exp.exercises import ExerciseError, check_mse, check_one_hot, check_relu, exercise, expect_close, expect_number
 from exp.batchnorm import check_fold_bn, check_instance_norm, check_running_var_after
 from exp.cnn import check_conv_out_size, check_conv_params
 from exp.distributed import check_averaged_grad, check_rank_share
@@ -439,19 +439,19 @@ CHECKS = [
         (lambda n, ks, stride, padding: (n - ks) // stride + 1, 'the padding adds'),
         (lambda n, ks, stride, padding: (n + 2 * padding - ks) // stride, r'count the first position too: \+ 1'),
         (lambda n, ks, stride, padding: n // stride, 'that is the stride alone'),
-        (lambda n, ks, stride, padding: (n + 2 * padding - ks) // stride + 2, r'conv_out_size\(28, 5, 2, 2\) is 15, should be 14\. Hint'),
+        (lambda n, ks, stride, padding: (n + 2 * padding - ks) // stride + 2, r'conv_out_size\(28, 5, 2, 2\) = 15, should be 14\. Hint'),
         (lambda n, ks, stride, padding: (n + 2 * padding - ks) / stride + 1, 'should be an int')]),
     (check_conv_params, conv_params, [
         (lambda ni, nf, ks: ni * nf * ks * ks, 'the bias is missing'),
         (lambda ni, nf, ks: ni * nf * ks + nf, 'ks \\* ks weights'),
         (lambda ni, nf, ks: nf * ks * ks + nf, 'for every input channel'),
-        (lambda ni, nf, ks: ni * nf * ks * ks + ni, r'conv_params\(1, 8, 5\) is 201, should be 208\. Hint')]),
+        (lambda ni, nf, ks: ni * nf * ks * ks + ni, r'conv_params\(1, 8, 5\) = 201, should be 208\. Hint')]),
     (check_n_batches, n_batches, [
         (lambda n, bs, drop_last: -(-n // bs), 'drop_last drops the last'),
         (lambda n, bs, drop_last: n // bs, 'without drop_last the last, smaller batch counts too'),
         (lambda n, bs, drop_last: n / bs, 'should be an int'),
-        (lambda n, bs, drop_last: n // bs + 1, r'n_batches\(1000, 128, True\) is 8, should be 7: drop_last'),
-        (lambda n, bs, drop_last: n // bs - 1 if drop_last else -(-n // bs), r'n_batches\(1000, 128, True\) is 6, should be 7\. Hint')]),
+        (lambda n, bs, drop_last: n // bs + 1, r'n_batches\(1000, 128, True\) = 8: drop_last'),
+        (lambda n, bs, drop_last: n // bs - 1 if drop_last else -(-n // bs), r'n_batches\(1000, 128, True\) = 6, should be 7\. Hint')]),
     (check_epoch_loss, epoch_loss, [
         (lambda losses, sizes: losses.mean(), "the mean of the batches' means"),
         (lambda losses, sizes: (losses * sizes).sum(), 'divide it by the number of items'),
@@ -529,3 +529,26 @@ def test_the_mechanism_on_its_own(capsys):
     out = capsys.readouterr().out
     assert out == 'double: correct\ndouble: not answered yet; fill in the cell and run it again\n'
     assert check_double.__name__ == 'check_double'
+
+
+def test_expect_number_on_its_own():
+    expect_number(2.5, 2.5, 'm')
+    expect_number(torch.tensor(2.5), 2.5, 'm')  # a one-element tensor is a number
+    expect_number(2.5 + 1e-7, 2.5, 'm')  # within rel_tol
+    mistakes = [(10, 'that is the sum')]
+    with pytest.raises(ExerciseError, match='^m = 10: that is the sum$'): expect_number(10, 2.5, 'm', mistakes)
+    with pytest.raises(ExerciseError, match=r'^m = 2, should be 2\.5\. Hint: divide$'): expect_number(2, 2.5, 'm', mistakes, 'divide')
+    with pytest.raises(ExerciseError, match='^m = 2, should be 2.5$'): expect_number(2, 2.5, 'm')
+    with pytest.raises(ExerciseError, match='^m = 2 is wrong$'): expect_number(2, 2.5, 'm', reveal=False)
+    with pytest.raises(ExerciseError, match="^m should be a number, got '2.5'$"): expect_number('2.5', 2.5, 'm')
+    with pytest.raises(ExerciseError, match='^m should be a number, got True$'): expect_number(True, 1, 'm')
+    with pytest.raises(ExerciseError, match='should be a number'): expect_number(torch.ones(2), 1, 'm')
+    # integers: exact, and a float is not one
+    expect_number(torch.tensor(7), 7, 'n', integer=True)
+    with pytest.raises(ExerciseError, match='^n should be an int, got 7.0$'): expect_number(7., 7, 'n', integer=True)
+    with pytest.raises(ExerciseError, match='^n = 8, should be 7$'): expect_number(8, 7, 'n', integer=True)
+    # a mistake matched more loosely than the right answer, and abs_tol for a right answer of 0
+    with pytest.raises(ExerciseError, match='^v = 0.0316: no bias correction$'):
+        expect_number(0.0316, 0.01, 'v', [(0.031623, 'no bias correction')], mistake_tol=1e-2)
+    with pytest.raises(ExerciseError, match='^v = 0.0316, should be 0.01$'): expect_number(0.0316, 0.01, 'v', [(0.031623, 'x')])
+    expect_number(1e-12, 0., 'z', abs_tol=1e-9)
