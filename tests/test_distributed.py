@@ -251,6 +251,39 @@ def test_leaving_the_group_ends_the_gloo_threads(no_torchrun_env):
     assert 'gloo' not in left, left
 
 
+SYNC = """
+import json, sys, torch
+from torch import nn
+from exp.batchnorm import BatchNorm2d, RunningBatchNorm
+import torch.distributed as dist
+from exp.distributed import _sync_buffers, join_group, shutdown
+join_group('gloo', 10.)
+rank = dist.get_rank()
+model = nn.Sequential(nn.Conv2d(1, 3, 3), BatchNorm2d(3), RunningBatchNorm(3))
+with torch.no_grad():  # buffers of every dtype, different on each rank
+    for b in model.buffers(): b.fill_(rank + 1 if b.is_floating_point() else 10 * (rank + 1))
+_sync_buffers(model)
+print(json.dumps({name: b.tolist() for name, b in model.named_buffers()}))
+shutdown()
+"""
+
+
+def test_rank_0s_buffers_reach_every_rank(tmp_path, no_torchrun_env):
+    "What DistributedCallback does before each training batch: every rank's buffers become rank 0's, whatever their dtype."
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, '-c', SYNC], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, 'RANK': str(r), 'LOCAL_RANK': str(r), 'WORLD_SIZE': '2', 'MASTER_ADDR': '127.0.0.1',
+                                   'MASTER_PORT': str(port), 'OMP_NUM_THREADS': '1'}) for r in range(2)]
+    try: outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs: p.kill()
+    for p, (_, err) in zip(procs, outs): ft.test_eq((p.returncode, err[-2000:] if p.returncode else ''), (0, ''))
+    bufs = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    ft.test_eq(bufs[1], bufs[0])
+    ft.test_eq(sorted(bufs[0]), ['1.num_batches_tracked', '1.running_mean', '1.running_var', '2.count', '2.seen', '2.sqrs', '2.sums'])
+    ft.test_eq((bufs[0]['1.running_mean'], bufs[0]['1.num_batches_tracked'], bufs[0]['2.seen']), ([1.] * 3, 10, 10))
+
+
 def test_an_unreachable_rendezvous_fails_within_the_timeout(tmp_path, no_torchrun_env):
     "Rank 1 of 2 with nobody at MASTER_ADDR:MASTER_PORT: one DistributedError after the 3 s timeout, not 300 s."
     env = {**os.environ, 'RANK': '1', 'LOCAL_RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '127.0.0.1',
