@@ -226,7 +226,7 @@ class RunningBatchNorm(nn.Module):
             w = 1 - (1 - self.momentum) / math.sqrt(bs - 1)  # the new batch's weight: more for a bigger batch
             sums = sums.lerp(xf.sum(dims), w)  # the batch's share stays in the graph, the history does not
             sqrs = sqrs.lerp((xf * xf).sum(dims), w)
-            count = count.lerp(count.new_tensor(x.numel() / x.shape[1]), w)
+            count = count * (1 - w) + w * (x.numel() / x.shape[1])  # values per channel: a number, no copy to the device
             with torch.no_grad():
                 for buffer, new in ((self.sums, sums), (self.sqrs, sqrs), (self.count, count)): buffer.copy_(new)
                 self.seen.add_(bs)
