@@ -406,12 +406,12 @@ def test_on_cuda_equal_to_the_cpu_without_waiting_for_the_gpu(make):
     gpu = copy.deepcopy(cpu).cuda()
     for bs in (8, 2, 16):
         x, grad = torch.randn(bs, 6, 5, 5) * 2 + 1, torch.randn(bs, 6, 5, 5)
-        xc, xg = x.clone().requires_grad_(), x.cuda().requires_grad_()
+        xc, xg, gg = x.clone().requires_grad_(), x.cuda().requires_grad_(), grad.cuda()
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode('error')  # an operation that synchronises with the GPU raises
         try:
             yg = gpu(xg)
-            yg.backward(grad.cuda())
+            yg.backward(gg)
         finally: torch.cuda.set_sync_debug_mode('default')
         yc = cpu(xc)
         yc.backward(grad)
