@@ -15,7 +15,11 @@ difference of the medians over the training batches. Where installed (`pip insta
 PyTorch (torch's DataLoader and OneCycleLR), Lightning and fastai train the same model on the same data,
 each as its documentation has it, against the same hand loop.
 
-    python bench/bench_overhead.py [--rounds 15] [--cnn-rounds 5] [--peer-rounds 3] [--no-cnn] [--no-peers]
+With --bounds it also times the MLP with parts of the per-batch work removed (the two ParamSchedulers' writes,
+the Recorder and the non-finite-loss check, then all three): not the same work any more, but how far a
+redesign of those parts could take the ratio.
+
+    python bench/bench_overhead.py [--rounds 15] [--cnn-rounds 5] [--peer-rounds 3] [--no-cnn] [--no-peers] [--bounds]
 """
 import argparse
 import contextlib
@@ -32,10 +36,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from common import fashion_or_random, report
-from exp.anneal import sched_1cycle
+from exp.anneal import ParamScheduler, Recorder, sched_1cycle
 from exp.callbacks import DataBunch, Learner
 from exp.cnn import BatchTransformXCallback, get_cnn_model, view_tfm
 from exp.learner import Learner as _  # noqa: F401  (adds fit_one_cycle to Learner)
+from exp.learner import TerminateOnNaNCallback
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler
 from exp.optimizers import SGD
@@ -128,6 +133,29 @@ def ours(arch: str, display: str = 'off'):
     return learn.model, [row['train_loss'], row['train_accuracy'], row['valid_loss'], row['valid_accuracy']]
 
 
+# the per-batch handlers --bounds removes, by the part of the work they do
+BOUNDS = {'schedulers': [(ParamScheduler, 'begin_batch')],
+          'recorder_and_nan_check': [(Recorder, 'after_loss'), (TerminateOnNaNCallback, 'after_loss')]}
+
+
+@contextlib.contextmanager
+def without(methods: list):
+    "Within the block, each handler of `methods` (class, name) does nothing."
+    saved = [(cls, name, cls.__dict__[name]) for cls, name in methods]
+    try:
+        for cls, name, _ in saved: setattr(cls, name, lambda self: None)
+        yield
+    finally:
+        for cls, name, handler in saved: setattr(cls, name, handler)
+
+
+def ours_without(*parts: str):
+    "`ours('mlp')` with the per-batch handlers of `parts` (keys of BOUNDS) doing nothing."
+    def run():
+        with without([m for part in parts for m in BOUNDS[part]]): return ours('mlp')
+    return run
+
+
 def rounds_of(fns: dict, rounds: int) -> dict:
     "Wall times of each of `fns` over `rounds` rounds, after one warm-up each; the order flips every round."
     for fn in fns.values(): fn()
@@ -170,6 +198,7 @@ def main():
     ap.add_argument('--peer-rounds', type=int, default=3, help='rounds for each peer (against the hand loop)')
     ap.add_argument('--no-cnn', action='store_true', help='skip the CNN')
     ap.add_argument('--no-peers', action='store_true', help='skip plain PyTorch, Lightning and fastai')
+    ap.add_argument('--bounds', action='store_true', help='also time the MLP with parts of the per-batch work removed')
     args = ap.parse_args()
 
     report('data', f'{data_name}, {len(train_ds)} train, {len(valid_ds)} valid, bs {BS}, {N_BATCHES} training batches')
@@ -182,6 +211,13 @@ def main():
     report('mlp_hand_epoch_s', statistics.median(t['hand']))
     report_ratio('mlp_ours', t['ours'], t['hand'], 1.05)
     report_ratio('mlp_console_bar', t['console'], t['hand'], 1.07)
+    if args.bounds:  # not the same work: bounds on what a redesign of each part could save
+        t = rounds_of({'hand': partial(by_hand, 'mlp'), 'ours': partial(ours, 'mlp'),
+                       'schedulers': ours_without('schedulers'), 'recorder_and_nan_check': ours_without('recorder_and_nan_check'),
+                       'all_three': ours_without(*BOUNDS)}, args.rounds)
+        report_ratio('mlp_bound_ours', t['ours'], t['hand'])
+        for part in ('schedulers', 'recorder_and_nan_check', 'all_three'):
+            report_ratio(f'mlp_bound_without_{part}', t[part], t['hand'])
     if 'cnn' in archs:
         t = rounds_of({'hand': partial(by_hand, 'cnn'), 'ours': partial(ours, 'cnn')}, args.cnn_rounds)
         report('cnn_hand_epoch_s', statistics.median(t['hand']))

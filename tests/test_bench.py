@@ -109,6 +109,21 @@ def test_same_work_mlp(bench_overhead, capsys):
 
 
 @pytest.mark.slow
+def test_bounds_remove_the_handlers_and_put_them_back(bench_overhead):
+    "--bounds: the handlers do nothing within the block and are back after it, error or not; without them the run is another."
+    from exp.anneal import ParamScheduler
+    handler = ParamScheduler.begin_batch
+    with bench_overhead.without(bench_overhead.BOUNDS['schedulers']):
+        assert ParamScheduler.begin_batch is not handler
+    ft.test_eq(ParamScheduler.begin_batch, handler)
+    with pytest.raises(KeyError), bench_overhead.without(bench_overhead.BOUNDS['schedulers']): raise KeyError('inside')
+    ft.test_eq(ParamScheduler.begin_batch, handler)
+    model, _ = bench_overhead.ours_without('schedulers', 'recorder_and_nan_check')()
+    model2, _ = bench_overhead.ours('mlp')
+    assert not all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))  # another lr: another run
+
+
+@pytest.mark.slow
 def test_same_work_cnn(bench_overhead, capsys):
     "The same on the lesson's CNN, whose images come from a batch transform."
     bench_overhead.same_work('cnn')
