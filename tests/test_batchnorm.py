@@ -361,7 +361,9 @@ def test_running_batchnorm_variance_floor_during_warmup():
     rbn = RunningBatchNorm(2)
     x = torch.stack([torch.full((2, 3, 3), 5.), torch.randn(2, 3, 3)], 1)  # channel 0 constant
     torch.testing.assert_close(rbn(x)[:, 0], torch.zeros(2, 3, 3), **TOL)  # x - mean is 0 in training
-    with torch.no_grad(): rbn.count.fill_(1.), rbn.sums[0].fill_(5.25), rbn.sqrs[0].fill_(5.25 ** 2)  # mean 5.25, variance exactly 0
+    with torch.no_grad():  # mean 5.25 and variance exactly 0 for channel 0
+        rbn.count.fill_(1.)
+        rbn.sums[0], rbn.sqrs[0] = 5.25, 5.25 ** 2
     for seen, floor in [(2, 0.01), (19, 0.01), (20, 0.)]:
         rbn.seen.fill_(seen)
         torch.testing.assert_close(rbn.eval()(x)[:, 0], torch.full((2, 3, 3), -0.25 / math.sqrt(floor + 1e-5)), rtol=1e-4, atol=0)

@@ -188,12 +188,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rank_env(rank: int, world: int, port: int, **extra: str) -> dict:
+    "The environment torchrun gives process `rank` of `world`, meeting at 127.0.0.1:`port`, on one thread; `extra` on top."
+    return {**os.environ, 'RANK': str(rank), 'LOCAL_RANK': str(rank), 'WORLD_SIZE': str(world), 'MASTER_ADDR': '127.0.0.1',
+            'MASTER_PORT': str(port), 'OMP_NUM_THREADS': '1', **extra}
+
+
 def by_hand(args, port: int, world: int = 2, extra_env: dict | None = None) -> list[subprocess.Popen]:
     "The worker in `world` processes started by hand (no torchrun watching them), meeting at 127.0.0.1:`port`."
-    return [subprocess.Popen([sys.executable, str(WORKER), *map(str, args)],
-                             env={**os.environ, 'RANK': str(r), 'LOCAL_RANK': str(r), 'WORLD_SIZE': str(world),
-                                  'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port), 'OMP_NUM_THREADS': '1',
-                                  **(extra_env or {})},
+    return [subprocess.Popen([sys.executable, str(WORKER), *map(str, args)], env=rank_env(r, world, port, **(extra_env or {})),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
 
 
@@ -242,9 +245,7 @@ print('left:', threads())
 @pytest.mark.skipif(not Path('/proc/self/task').is_dir(), reason="lists the process's threads from Linux's /proc")
 def test_leaving_the_group_ends_the_gloo_threads(no_torchrun_env):
     "After a DDP step, shutdown() ends gloo's threads: none may outlive the interpreter (that ended in SIGABRT at exit)."
-    env = {**os.environ, 'RANK': '0', 'LOCAL_RANK': '0', 'WORLD_SIZE': '1', 'MASTER_ADDR': '127.0.0.1',
-           'MASTER_PORT': str(free_port()), 'OMP_NUM_THREADS': '1'}
-    proc = subprocess.run([sys.executable, '-c', LEAVE], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, '-c', LEAVE], env=rank_env(0, 1, free_port()), capture_output=True, text=True, timeout=120)
     ft.test_eq(proc.returncode, 0)
     joined, left = (line for line in proc.stdout.splitlines() if line.startswith(('joined:', 'left:')))
     assert 'gloo' in joined, joined  # the check sees gloo's threads while the group exists
@@ -271,9 +272,8 @@ shutdown()
 def test_rank_0s_buffers_reach_every_rank(tmp_path, no_torchrun_env):
     "What DistributedCallback does before each training batch: every rank's buffers become rank 0's, whatever their dtype."
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, '-c', SYNC], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**os.environ, 'RANK': str(r), 'LOCAL_RANK': str(r), 'WORLD_SIZE': '2', 'MASTER_ADDR': '127.0.0.1',
-                                   'MASTER_PORT': str(port), 'OMP_NUM_THREADS': '1'}) for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, '-c', SYNC], env=rank_env(r, 2, port), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(2)]
     try: outs = [p.communicate(timeout=120) for p in procs]
     finally:
         for p in procs: p.kill()
@@ -286,9 +286,7 @@ def test_rank_0s_buffers_reach_every_rank(tmp_path, no_torchrun_env):
 
 def test_an_unreachable_rendezvous_fails_within_the_timeout(tmp_path, no_torchrun_env):
     "Rank 1 of 2 with nobody at MASTER_ADDR:MASTER_PORT: one DistributedError after the 3 s timeout, not 300 s."
-    env = {**os.environ, 'RANK': '1', 'LOCAL_RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '127.0.0.1',
-           'MASTER_PORT': str(free_port()), 'OMP_NUM_THREADS': '1'}
-    proc = subprocess.run([sys.executable, str(WORKER), str(tmp_path), '--timeout', '3'], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, str(WORKER), str(tmp_path), '--timeout', '3'], env=rank_env(1, 2, free_port()), capture_output=True,
                           text=True, timeout=90)
     ft.test_eq(proc.returncode, 1)
     assert 'DistributedError: rank 1: joining the process group at 127.0.0.1:' in proc.stderr, proc.stderr[-2000:]
@@ -410,8 +408,7 @@ def test_two_nodes_train_like_two_processes(two_process_run, tmp_path, no_torchr
 
 def test_exp_train_dist_timeout_bounds_an_unreachable_rendezvous(tmp_path, no_torchrun_env):
     "exp.train as rank 1 of 2 with nobody at MASTER_ADDR:MASTER_PORT and --dist-timeout 3: one line, exit 2, nothing written."
-    env = {**os.environ, **CPU_ONLY, 'RANK': '1', 'LOCAL_RANK': '1', 'WORLD_SIZE': '2', 'MASTER_ADDR': '127.0.0.1',
-           'MASTER_PORT': str(free_port()), 'OMP_NUM_THREADS': '1'}
+    env = rank_env(1, 2, free_port(), **CPU_ONLY)
     proc = subprocess.run([sys.executable, '-m', 'exp.train', '--arch', 'mlp', '--dist-timeout', '3', '--out', str(tmp_path / 'run')],
                           env=env, capture_output=True, text=True, timeout=90)
     ft.test_eq(proc.returncode, 2)
