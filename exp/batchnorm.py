@@ -44,18 +44,19 @@ class _BatchNormFunction(torch.autograd.Function):
         shape = [1] * x.dim()
         shape[1] = x.shape[1]
         n = x.numel() // x.shape[1]
-        mean = x.mean(dims, keepdim=True)
-        xc = x - mean
+        # sums, not means: the division by n rides on other operations (alpha=), one kernel fewer each
+        sums = x.sum(dims, keepdim=True)
+        xc = torch.sub(x, sums, alpha=1 / n)  # x - mean
         y = xc * xc  # y's memory holds the squares first: one allocation fewer
-        var = y.mean(dims, keepdim=True)  # two passes, not E[x^2] - E[x]^2: no cancellation
-        invstd = (var + eps).rsqrt_()
+        sqrs = y.sum(dims, keepdim=True)  # two passes, not E[x^2] - E[x]^2: no cancellation
+        # the running statistics move here, outside autograd: one output, y, is less bookkeeping than three
+        if track is not None: track._update_running_stats(sums.view(-1), sqrs.view(-1), n)
+        invstd = sqrs.mul_(1 / n).add_(eps).rsqrt_()  # 1 / sqrt(var + eps), in sqrs' memory
         scale = invstd if weight is None else invstd * weight.view(shape)
         torch.mul(xc, scale, out=y)
         if bias is not None: y += bias.view(shape)  # (addcmul with per-channel operands is slower on the CPU)
         ctx.save_for_backward(xc, invstd, scale)
         ctx.dims, ctx.n, ctx.affine = dims, n, (weight is not None, bias is not None)
-        # the running statistics move here, outside autograd: one output, y, is less bookkeeping than three
-        if track is not None: track._update_running_stats(mean.view(-1), var.view(-1), n)
         return y
 
     @staticmethod
@@ -114,18 +115,18 @@ class _BatchNormBase(_BatchNorm):
             y += shift.view(shape)
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
-    def _update_running_stats(self, mean: Tensor, var: Tensor, n: int) -> None:
-        "Move the running statistics towards the batch's mean and variance (biased, of `n` values a channel), as torch does."
+    def _update_running_stats(self, sums: Tensor, sqrs: Tensor, n: int) -> None:
+        "Move the running statistics towards the batch's, as torch does: `sums` of x and `sqrs` of (x - mean)², over `n` values a channel."
         self.num_batches_tracked.add_(1)
         rm, rv = self.running_mean, self.running_var
-        mean, var = mean.to(rm.dtype), var.to(rv.dtype)
-        if self.momentum is not None:  # the exponential average, towards the unbiased variance var * n / (n - 1)
-            rm.lerp_(mean, self.momentum)
-            rv.mul_(1 - self.momentum).add_(var, alpha=self.momentum * n / (n - 1))
+        if self.momentum is not None:  # the exponential average of the mean and the unbiased variance, sqrs / (n - 1)
+            m = self.momentum
+            rm.mul_(1 - m).add_(sums, alpha=m / n)  # (add_ also casts to the buffer's dtype, where lerp_ would need a copy)
+            rv.mul_(1 - m).add_(sqrs, alpha=m / (n - 1))
         else:  # weight 1/count, as a tensor (float() of the count, as torch's module does, makes a GPU wait)
             weight = self.num_batches_tracked.to(rm.dtype).reciprocal()
-            rm.lerp_(mean, weight)
-            rv.lerp_(var * (n / (n - 1)), weight)
+            rm.lerp_((sums / n).to(rm.dtype), weight)
+            rv.lerp_((sqrs / (n - 1)).to(rv.dtype), weight)
 
 class BatchNorm1d(_BatchNormBase):
     "Batch norm over (N, C) or (N, C, L) inputs, from scratch; the same arguments, buffers and state dict as `nn.BatchNorm1d`."
