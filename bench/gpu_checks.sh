@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every GPU check of the project, in one run on a CUDA machine: the CUDA unit tests, notebooks 08, 09 and 12
-# with their `#| cuda` cells (and 08b's `#| cuda` cell alone), the mixed-precision benchmark (with TFLOP/s, and
+# Every GPU check of the project, in one run on a CUDA machine: the CUDA unit tests, notebooks 08, 08a, 08b, 09
+# and 12 with their `#| cuda` cells, the mixed-precision benchmark (with TFLOP/s, and
 # its torch.compile run), and the trainer with --fp16 auto, alone and under torchrun (NCCL). Writes logs to $OUT (default runs/gpu).
 # A machine without this project's dependencies can get them as wheels in .whl/ (see README).
 set -uo pipefail
@@ -18,7 +18,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu.txt"
 python3 -m pytest -q -p no:cacheprovider -rs tests/test_fp16.py tests/test_cnn.py tests/test_batchnorm.py tests/test_distributed.py 2>&1 | tee "$out/tests.txt" || status=1
 python3 -m pytest -q -p no:cacheprovider -rs tests/test_learner.py -k 'on_a_gpu' 2>&1 | tee "$out/tests_learner.txt" || status=1
-python3 -m pytest -q -p no:cacheprovider -rs tests/test_notebooks.py -k '08_cnn or 08b_batchnorm-cuda or 09_fp16 or 12_distributed' 2>&1 | tee "$out/notebooks.txt" || status=1
+python3 -m pytest -q -p no:cacheprovider -rs tests/test_notebooks.py -k '08_cnn or 08a_hooks_init or 08b_batchnorm or 09_fp16 or 12_distributed' 2>&1 | tee "$out/notebooks.txt" || status=1
 python3 bench/fp16_gpu.py 2>&1 | tee "$out/fp16_gpu.txt" || status=1
 # the trainer on the GPU: --fp16 auto must pick fp16 there; then the same under torchrun (NCCL, one process per GPU)
 train_checks() {
