@@ -242,6 +242,8 @@ def sched_1cycle(lr: float | Sequence[float], pct_start: float = 0.3, mom_start:
     if not 0 < pct_start < 1: raise ValueError(f"pct_start must be in (0, 1), got {pct_start}")
     for name, div in (('div_start', div_start), ('div_end', div_end)):
         if not _real(name, div) > 0: raise ValueError(f"{name} must be > 0, got {div!r}")
+    for name, mom in (('mom_start', mom_start), ('mom_mid', mom_mid), ('mom_end', mom_end)):  # the optimizer's own range
+        if not 0 <= _real(name, mom) < 1: raise ValueError(f"{name} must be in [0, 1), got {mom!r}")
     phases = [pct_start, 1 - pct_start]
     lr_scheds = [combine_scheds(phases, cos_1cycle_anneal(l / div_start, l, l / div_end)) for l in lrs]
     mom_sched = combine_scheds(phases, cos_1cycle_anneal(mom_start, mom_mid, mom_end))

@@ -32,7 +32,8 @@ def _check_eps(eps) -> float:
     return float(eps)
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
-    "fp32 for half-precision inputs (the statistics need it), else the input's own floating dtype."
+    "fp32 for half-precision inputs (the statistics need it), else the input's own floating dtype; a TypeError for others."
+    if not x.is_floating_point(): raise TypeError(f"normalisation needs a floating-point input, got dtype {x.dtype}")
     return torch.promote_types(x.dtype, torch.float32)
 
 class _BatchNormFunction(torch.autograd.Function):

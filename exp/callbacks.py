@@ -84,10 +84,16 @@ class Learner:
                  opt_func: Callable = SGD, lr: float = 0.1, metrics: Sequence[Callable] | None = None,
                  cbs: Sequence['Callback'] | None = None, cb_funcs: Sequence[Callable] | None = None):
         if not isinstance(model, nn.Module): raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        if not (hasattr(data, 'train_dl') and hasattr(data, 'valid_dl')):
+            raise TypeError(f"data must be a DataBunch (with train_dl and valid_dl), got {type(data).__name__}")
         if isinstance(lr, bool) or not isinstance(lr, Real) or not (math.isfinite(lr) and lr > 0):
             raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
         self.data, self.model, self.loss_func, self.opt_func, self.lr = data, model, loss_func, opt_func, lr
         self.metrics, self.cbs = listify(metrics), _make_cbs(cbs, cb_funcs)
+        for m in self.metrics:
+            if not callable(m): raise TypeError(f"metrics must be functions (pred, targ) -> number, got {m!r}")
+        for cb in self.cbs:
+            if not isinstance(cb, Callback): raise TypeError(f"callbacks must be Callback instances, got {cb!r}")
 
     @cached_property  # then a plain attribute (read at every batch: see "Making it fast"), which `learn.opt = ...` replaces
     def opt(self):

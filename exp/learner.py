@@ -123,6 +123,7 @@ def fit_one_cycle(self: Learner, cyc_len: int, max_lr: float | Sequence[float] |
     "fastai v1's one-cycle over `cyc_len` epochs: lr `max_lr/div_factor` up to `max_lr`, down to `max_lr/final_div`; momentum the other way."
     if not (isinstance(moms, (tuple, list)) and len(moms) == 2 and all(isinstance(m, Real) and not isinstance(m, bool) for m in moms)):
         raise ValueError(f"moms must be two numbers, the momentum at the start (and end) and at the peak lr; got {moms!r}")
+    if not all(0 <= m < 1 for m in moms): raise ValueError(f"moms must be in [0, 1), got {moms!r}")
     div_factor = _positive('div_factor', div_factor)
     final_div = div_factor * 1e4 if final_div is None else _positive('final_div', final_div)
     pname, idx = _momentum_param(self.opt)

@@ -77,15 +77,19 @@ def _check_labels(t: Tensor, name: str, scores: Tensor, scores_name: str) -> Non
     if t.dim() != 1: raise ValueError(f"{name} must be 1-d (N,), got shape {tuple(t.shape)}")
     if len(t) != len(scores): raise ValueError(f"{name} has {len(t)} labels but {scores_name} has {len(scores)} rows")
 
+def _check_classes(t: Tensor, name: str, c: int) -> None:
+    "Raise ValueError naming `name` unless every label of `t` is a class index in [0, c)."
+    if len(t):
+        lo, hi = torch.aminmax(t)
+        if lo < 0 or hi >= c: raise ValueError(f"{name} must hold class indices in [0, {c}), got values from {int(lo)} to {int(hi)}")
+
 def nll(input: Tensor, target: Tensor) -> Tensor:
     "Mean negative log likelihood: -input[i, target[i]] averaged over the batch; `input` holds log-probabilities (N, C)."
     _check_scores(input, 'input', ndim=2)
     _check_labels(target, 'target', input, 'input')
     n, c = input.shape
     if target.device != input.device: raise ValueError(f"target is on {target.device} but input is on {input.device}")
-    if n:
-        lo, hi = torch.aminmax(target)
-        if lo < 0 or hi >= c: raise ValueError(f"target must hold class indices in [0, {c}), got values from {int(lo)} to {int(hi)}")
+    _check_classes(target, 'target', c)
     if target.dtype != torch.int64: target = target.long()  # uint8 would index as a mask
     picked = input[torch.arange(n, device=input.device), target]
     return -_at_least_float32(picked).mean().to(input.dtype)
@@ -99,6 +103,7 @@ def accuracy(out: Tensor, targ: Tensor) -> Tensor:
     "Fraction of rows of `out` (N, C) whose largest entry is at index `targ` (N,), as a float32 scalar."
     _check_scores(out, 'out', ndim=2)
     _check_labels(targ, 'targ', out, 'out')
+    _check_classes(targ, 'targ', out.shape[1])  # an index past the last class would only count as wrong
     return (out.argmax(dim=1) == targ).float().mean()
 
 # %% ../nbs/02_cross_entropy.ipynb #e2b3c4d5

@@ -59,6 +59,7 @@ def fit(epochs: int, model: nn.Module, loss_func: Callable, opt, train_dl: Itera
                 total_loss += loss_func(pred, yb).item() * n
                 total_acc += accuracy(pred, yb).item() * n
                 count += n
+        if not count: raise ValueError("valid_dl gave no batches: nothing to validate on")
         valid_loss, valid_acc = total_loss / count, total_acc / count
         if verbose: print(f'epoch {epoch}: valid loss {valid_loss:.4f}, accuracy {valid_acc:.4f}')
     return valid_loss, valid_acc
@@ -89,6 +90,8 @@ class Sampler:
         if len(ds) == 0: raise ValueError("ds is empty: nothing to sample")
         self.n, self.bs, self.shuffle, self.drop_last = len(ds), bs, shuffle, drop_last
         if seed is None: seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+        elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+            raise ValueError(f"seed must be an int from 0 to 2**63 - 1, or None, got {seed!r}")  # as set_seed's
         self.generator = torch.Generator().manual_seed(seed)
 
     def __len__(self) -> int: return self.n // self.bs if self.drop_last else -(-self.n // self.bs)
