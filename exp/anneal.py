@@ -74,14 +74,19 @@ class Recorder(Callback):
             raise ValueError(f"the checkpoint recorded {len(lrs)} parameter groups; this optimizer has {len(self.lrs)}")
         self.lrs, self.losses = [l.tolist() for l in lrs], list(losses.unbind())
 
+    def _check_recorded(self) -> None:
+        if not self.losses: raise ValueError("the Recorder has nothing to plot yet: it records the training batches of a fit")
+
     def _lrs(self, pgid: int) -> list[float]:
         "The learning rates of parameter group `pgid`, checked."
+        self._check_recorded()
         if not isinstance(pgid, Integral) or not -len(self.lrs) <= pgid < len(self.lrs):
             raise ValueError(f"pgid must index one of the {len(self.lrs)} parameter groups, got {pgid!r}")
         return self.lrs[pgid]
 
     def _kept(self, skip_last: int) -> int:
         "How many batches are left when the last `skip_last` are dropped."
+        self._check_recorded()
         return max(len(self.losses) - _check_count('skip_last', skip_last), 0)
 
     def plot_lr(self, pgid: int = -1, ax: _Axes | None = None) -> _Figure:

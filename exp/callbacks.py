@@ -174,7 +174,8 @@ def _check_event_names(cls: type) -> None:
     for name in dir(cls):
         if name.startswith('_') or name in EVENTS or not callable(getattr(cls, name, None)): continue
         near = difflib.get_close_matches(name, EVENTS, n=1, cutoff=0.8)
-        if near or name.startswith(('begin_', 'after_')):
+        if not near and name.startswith('before_') and 'begin_' + name[7:] in EVENTS: near = ['begin_' + name[7:]]  # fastai v2's name
+        if near or name.startswith(('begin_', 'after_', 'before_')):
             hint = f"did you mean {near[0]!r}? " if near else ''
             raise ValueError(f"{cls.__name__}.{name} looks like an event but is not one; {hint}"
                              f"events are: {', '.join(EVENTS)}")

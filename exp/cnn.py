@@ -111,6 +111,8 @@ def simple_cnn(actns: Sequence[int], kernel_szs: Sequence[int] | None = None, st
     strides = [2] * n if strides is None else list(strides)
     if len(kernel_szs) != n or len(strides) != n:
         raise ValueError(f"kernel_szs and strides need {n} entries for actns={actns}, got {kernel_szs} and {strides}")
+    if not all(isinstance(k, int) and not isinstance(k, bool) and k > 0 for k in kernel_szs + strides):
+        raise ValueError(f"kernel_szs and strides must be positive ints, got {kernel_szs} and {strides}")
     layers = [conv_layer(actns[i], actns[i + 1], kernel_szs[i], strides[i], bn=bn and i < n - 1) for i in range(n)]
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), Lambda(flatten))
 

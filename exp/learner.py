@@ -176,7 +176,9 @@ def predict(self: Learner, x: torch.Tensor) -> torch.Tensor:
 # %% ../nbs/10_learner.ipynb #bb7736d5
 def suggest_lr(lrs: Sequence[float], losses: Sequence[float], beta: float = 0.9) -> float:
     "A tenth of the lr at the lowest exponentially smoothed loss (bias-corrected, as in the course)."
-    if not lrs or len(lrs) != len(losses): raise ValueError(f"need as many lrs as losses, got {len(lrs)} and {len(losses)}")
+    if len(lrs) == 0 or len(lrs) != len(losses): raise ValueError(f"need as many lrs as losses, got {len(lrs)} and {len(losses)}")
+    if isinstance(beta, bool) or not isinstance(beta, Real) or not 0 <= beta < 1: raise ValueError(f"beta must be in [0, 1), got {beta!r}")
+    lrs, losses = [float(l) for l in lrs], [float(l) for l in losses]  # lists or tensors
     avg, best, best_lr = 0., math.inf, lrs[0]
     for i, (lr, loss) in enumerate(zip(lrs, losses), 1):
         if not math.isfinite(loss): break
