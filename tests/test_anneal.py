@@ -45,11 +45,13 @@ def make_learner(data=None, seed=0, **kwargs):
 
 # ---------------------------------------------------------------- annealers against their closed forms
 
+@settings(deadline=None)  # microseconds a call: no wall-time limit to flake on a loaded machine
 @given(values, values, positions)
 def test_sched_lin_closed_form(start, end, pos):
     assert close(sched_lin(start, end)(pos), start + pos * (end - start), start, end)
 
 
+@settings(deadline=None)  # microseconds a call: no wall-time limit to flake on a loaded machine
 @given(values, values, positions)
 def test_sched_cos_closed_form(start, end, pos):
     # the course's formula: start + (1 + cos(pi * (1 - pos))) * (end - start) / 2
@@ -57,17 +59,20 @@ def test_sched_cos_closed_form(start, end, pos):
     assert close(sched_cos(start, end)(pos), want, start, end)
 
 
+@settings(deadline=None)  # microseconds a call: no wall-time limit to flake on a loaded machine
 @given(values, values, positions)
 def test_sched_no_closed_form(start, end, pos):
     assert sched_no(start, end)(pos) == start
 
 
+@settings(deadline=None)  # microseconds a call: no wall-time limit to flake on a loaded machine
 @given(positives, positives, positions)
 def test_sched_exp_closed_form(start, end, pos):
     got, want = sched_exp(start, end)(pos), start * (end / start) ** pos
     assert abs(got - want) <= 1e-9 * want
 
 
+@settings(deadline=None)  # microseconds a call: no wall-time limit to flake on a loaded machine
 @given(values, values)
 def test_annealers_exact_at_both_ends(start, end):
     for sched in (sched_lin, sched_cos):
@@ -76,10 +81,21 @@ def test_annealers_exact_at_both_ends(start, end):
     ft.test_eq((sched_no(start, end)(0.), sched_no(start, end)(1.)), (start, start))
 
 
+@settings(deadline=None)  # microseconds a call: no wall-time limit to flake on a loaded machine
 @given(positives, positives)
 def test_sched_exp_exact_at_both_ends(start, end):
     f = sched_exp(start, end)
     assert (f(0.), f(1.)) == (start, end)
+
+
+def test_sched_cos_is_torchs_cosine_annealing():
+    "torch's CosineAnnealingLR from `start` to eta_min `end` over T steps is sched_cos(start, end) at pos = t/T."
+    start, end, T = 0.6, 0.02, 50
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=start)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=T, eta_min=end)
+    for t in range(T + 1):
+        ft.test_close(opt.param_groups[0]['lr'], sched_cos(start, end)(t / T), eps=1e-12)
+        opt.step(); sched.step()
 
 
 def test_sched_cos_shape():
@@ -123,7 +139,7 @@ def test_combine_pos_one_is_in_the_last_phase():
         ft.test_eq(combine_scheds([1 / n] * n, scheds)(1.), n - 1)
 
 
-@settings(max_examples=60)
+@settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.01, 10), min_size=2, max_size=7), st.data())
 def test_combine_many_phases(weights, data):
     pcts = [w / sum(weights) for w in weights]
@@ -334,6 +350,8 @@ def test_recorder_counts_the_batch_that_cancels():
 
 def test_recorder_plots():
     rec = Recorder()
+    for plot in (rec.plot_lr, rec.plot_loss, rec.plot):  # before any fit: nothing to draw, said as much
+        with pytest.raises(ValueError, match='the Recorder has nothing to plot yet'): plot()
     Runner(cbs=[rec, ParamScheduler('lr', sched_exp(1e-3, 1.))]).fit(3, make_learner(lr=0.1))
     fig = rec.plot_lr()
     ft.test_eq(list(fig.axes[0].lines[0].get_ydata()), rec.lrs[0])
@@ -367,7 +385,9 @@ def test_sched_1cycle_shape():
 @pytest.mark.parametrize('kwargs, message', [
     (dict(lr=0), 'lr must be > 0'), (dict(lr=[]), 'lr must be > 0'),
     (dict(lr=0.1, pct_start=1.), 'pct_start must be in'),
-    (dict(lr=0.1, pct_start=0), 'pct_start must be in'), (dict(lr=0.1, div_end=0), 'div_end must be > 0')])
+    (dict(lr=0.1, pct_start=0), 'pct_start must be in'), (dict(lr=0.1, div_end=0), 'div_end must be > 0'),
+    (dict(lr=0.1, mom_start=1.5), r'mom_start must be in \[0, 1\), got 1.5'), (dict(lr=0.1, mom_mid=-0.1), 'mom_mid must be in'),
+    (dict(lr=0.1, mom_end=1.), 'mom_end must be in')])
 def test_sched_1cycle_checks(kwargs, message):
     with pytest.raises(ValueError, match=message): sched_1cycle(**kwargs)
 

@@ -214,6 +214,17 @@ def test_batchnorm_bad_input(make, message):
     with pytest.raises(ValueError, match=message): make()
 
 
+@pytest.mark.parametrize('make', [lambda: BatchNorm2d(4), lambda: BatchNorm1d(4), lambda: LayerNorm(4), lambda: GroupNorm(2, 4),
+                                  lambda: RunningBatchNorm(4)])
+@pytest.mark.parametrize('dtype', [torch.int64, torch.uint8, torch.bool])
+def test_integer_inputs_are_refused(make, dtype):
+    "torch's norms refuse integers too; computed in the input's dtype, the output would be rounded (uint8: wrapped)."
+    x = torch.arange(32).view(2, 4, 4).remainder(2).to(dtype)
+    norm = make()
+    with pytest.raises(TypeError, match=f'needs a floating-point input, got dtype {dtype}'): norm(x if not isinstance(norm, BatchNorm2d) else x[..., None])
+    with pytest.raises(TypeError, match='floating-point'): norm.eval()(x if not isinstance(norm, BatchNorm2d) else x[..., None])
+
+
 def test_one_sample_is_fine_in_eval():
     bn = BatchNorm2d(4).eval()
     ft.test_eq(bn(torch.randn(1, 4, 1, 1)).shape, (1, 4, 1, 1))

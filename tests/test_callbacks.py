@@ -214,7 +214,9 @@ def test_names():
 
 
 @pytest.mark.parametrize('typo, hint', [('begin_epcoh', "did you mean 'begin_epoch'"), ('after_bacth', "did you mean 'after_batch'"),
-                                        ('afterfit', "did you mean 'after_fit'"), ('begin_training', 'events are: begin_fit')])
+                                        ('afterfit', "did you mean 'after_fit'"), ('begin_training', 'events are: begin_fit'),
+                                        ('before_batch', "did you mean 'begin_batch'"), ('before_fit', "did you mean 'begin_fit'"),
+                                        ('before_anything', 'events are: begin_fit')])
 def test_misspelt_events_are_reported(typo, hint):
     bad = type('Bad', (Callback,), {typo: lambda self: None})
     with pytest.raises(ValueError, match=f'Bad.{typo} looks like an event but is not one') as info:
@@ -251,6 +253,9 @@ def test_learner_checks_and_builds_its_optimizer():
     with pytest.raises(TypeError, match='model must be an nn.Module'): Learner(make_data(), lambda x: x)
     for lr in (0, -0.1, float('inf'), float('nan'), True, '0.1'):
         with pytest.raises(ValueError, match=f'lr must be a finite number > 0, got {lr!r}'): Learner(make_data(), nn.Linear(5, 3), lr=lr)
+    with pytest.raises(TypeError, match='data must be a DataBunch'): Learner(None, nn.Linear(5, 3))
+    with pytest.raises(TypeError, match='metrics must be functions'): Learner(make_data(), nn.Linear(5, 3), metrics=[1])
+    with pytest.raises(TypeError, match='callbacks must be Callback instances, got 1'): Learner(make_data(), nn.Linear(5, 3), cbs=[1])
     with pytest.raises(ValueError, match='epochs must be an int >= 0, got -2'): Runner().fit(-2, learn)
 
 
@@ -326,6 +331,13 @@ def test_avg_stats_metrics_without_batch_sum_and_float64():
 
 def test_avg_stats_checks_the_summed_metric_once_per_epoch():
     "accuracy's checks still run (on each epoch's first batch), and a batch_sum that keeps a gradient is refused."
+    calls = []
+    def counted(pred, yb):
+        calls.append(len(yb))
+        return accuracy(pred, yb)
+    counted.batch_sum = accuracy.batch_sum
+    Runner(cbs=[AvgStatsCallback([counted], print_stats=False)]).fit(2, make_learner())
+    ft.test_eq(len(calls), 4)  # the full metric once per epoch and phase (training, validation), batch_sum for the rest
     data = make_data()
     data.valid_dl.ds.y = data.valid_dl.ds.y.float()  # labels that accuracy refuses (the loss takes them)
     learn = make_learner(data, loss_func=lambda pred, yb: F.cross_entropy(pred, yb.long()))

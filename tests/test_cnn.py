@@ -108,7 +108,12 @@ def test_simple_cnn_matches_fastai_v1_layout():
     (dict(actns=(1,)), 'at least two positive channel counts'),
     (dict(actns=(1, 0, 2)), 'at least two positive channel counts'),
     (dict(actns=(1, 16, 2), strides=[2]), 'need 2 entries'),
-    (dict(actns=(1, 16, 2), kernel_szs=[3, 3, 3]), 'need 2 entries')])
+    (dict(actns=(1, 16, 2), kernel_szs=[3, 3, 3]), 'need 2 entries'),
+    (dict(actns=(1, 16, 2), kernel_szs=[0, 3]), 'kernel_szs and strides must be positive ints'),
+    (dict(actns=(1, 16, 2), kernel_szs=[-1, 3]), 'must be positive ints'),
+    (dict(actns=(1, 16, 2), strides=[0, 1]), 'must be positive ints'),
+    (dict(actns=(1, 16, 2), strides=[2.5, 1]), 'must be positive ints'),
+    (dict(actns=(1, 16, 2), strides=[True, 1]), 'must be positive ints')])
 def test_simple_cnn_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message): simple_cnn(**kwargs)
 

@@ -106,8 +106,17 @@ def test_lr_find_leaves_weights_and_optimizer_unchanged():
 def test_suggest_lr():
     lrs = [10 ** (-6 + i * 0.1) for i in range(60)]
     losses = [2.0 - i * 0.02 for i in range(40)] + [1.2 + (i * 0.3) ** 2 for i in range(20)]
-    ft.test_close(suggest_lr(lrs, losses), lrs[40] / 10, eps=lrs[44] / 10)
+    # the bias-corrected smoothed loss in closed form: sum_j beta^(i-j) (1 - beta) loss_j / (1 - beta^(i+1))
+    i = torch.arange(60, dtype=torch.float64)
+    weights = torch.where(i[None, :] <= i[:, None], 0.9 ** (i[:, None] - i[None, :]) * 0.1, 0.)
+    smoothed = weights @ torch.tensor(losses, dtype=torch.float64) / (1 - 0.9 ** (i + 1))
+    best = int(smoothed.argmin())
+    assert best > 40  # the smoothing lags the raw minimum (index 40): a suggestion from the raw losses would differ
+    ft.test_eq(suggest_lr(lrs, losses), lrs[best] / 10)
     with pytest.raises(ValueError, match='as many lrs as losses'): suggest_lr([1e-3], [])
+    for beta in (1, -0.1, True):
+        with pytest.raises(ValueError, match=f'beta must be in \\[0, 1\\), got {beta!r}'): suggest_lr(lrs, losses, beta=beta)
+    ft.test_eq(suggest_lr(torch.tensor(lrs, dtype=torch.float64), torch.tensor(losses, dtype=torch.float64)), suggest_lr(lrs, losses))  # tensors too
 
 
 def test_to_fp16_to_bf16_to_fp32_chain():
@@ -362,7 +371,8 @@ def test_fit_one_cycle_takes_fastai_v1s_arguments():
     lr_sched = next(cb for cb in learn.run.cbs if getattr(cb, 'pname', None) == 'lr')
     ft.test_close([lr_sched.sched_funcs[0](pos) for pos in (0., 1.)], [0.4 / 25, 0.4 / 100], eps=1e-9)  # v1's div_factor 25
     for kwargs, message in ((dict(moms=0.9), 'moms must be two numbers'), (dict(div_factor=0), 'div_factor must be a number > 0'),
-                            (dict(final_div='x'), 'final_div must be a number > 0')):
+                            (dict(final_div='x'), 'final_div must be a number > 0'),
+                            (dict(moms=(1.5, -1)), r'moms must be in \[0, 1\), got \(1.5, -1\)')):
         with pytest.raises(ValueError, match=message): make_learner().fit_one_cycle(1, **kwargs)
 
 
@@ -629,6 +639,11 @@ def test_the_check_stands_aside_for_the_lr_finder_and_dynamic_fp16():
 def test_off_the_cpu_the_losses_are_checked_once_per_epoch():
     "The path for a GPU (reading a loss there waits for the device): the epoch's losses, checked together, name the batch."
     cb = TerminateOnNaNCallback()
+    cb.active, cb.batch, cb.kept = True, 0, []
+    # a loss on the meta device: not on the CPU, and any read of its value on the host raises
+    cb.run = type('Run', (), {'in_train': True, 'loss': torch.tensor(float('nan'), device='meta')})()
+    cb.after_loss()
+    ft.test_eq((len(cb.kept), cb.kept[0].device.type, cb.batch), (1, 'meta', 1))  # kept for the epoch's check, not read
     cb.run = type('Run', (), {'epoch': 4})()
     cb.kept = [torch.tensor(1.), torch.tensor(float('inf')), torch.tensor(float('nan'))]
     with pytest.raises(NonFiniteError, match='the training loss is inf at epoch 4, batch 1'): cb._check_kept()

@@ -304,6 +304,9 @@ def test_accuracy_bad_input():
     with pytest.raises(ValueError, match=r'targ has 3 labels but out has 4 rows'): accuracy(out, torch.zeros(3, dtype=torch.long))
     with pytest.raises(TypeError, match=r'targ must hold integer class indices'): accuracy(out, torch.zeros(4))
     with pytest.raises(ValueError, match=r'out must be 2-d'): accuracy(torch.zeros(4), torch.zeros(4, dtype=torch.long))
+    # a label past the last class, or negative, is refused as nll refuses it: it would only count as a wrong answer
+    for bad in ([0, 1, 2, 3], [-1, 0, 0, 0]):
+        with pytest.raises(ValueError, match=r'targ must hold class indices in \[0, 3\)'): accuracy(out, torch.tensor(bad))
 
 
 # ---------------------------------------------------------------- torch.compile

@@ -81,6 +81,14 @@ def test_sampler_bad_bs(bs):
         Sampler(range(5), bs)
 
 
+@pytest.mark.parametrize('seed', [1.5, True, -1, 2**63, '0'])
+def test_sampler_bad_seed(seed):
+    "The same range as set_seed's, checked before torch's generator sees it."
+    with pytest.raises(ValueError, match=f'seed must be an int from 0 to 2\\*\\*63 - 1, or None, got {seed!r}'):
+        Sampler(range(5), 2, shuffle=True, seed=seed)
+    assert list(Sampler(range(5), 2, seed=2**63 - 1)) is not None  # the largest seed is fine
+
+
 def test_sampler_empty():
     with pytest.raises(ValueError, match='ds is empty'): Sampler([], 4)
     with pytest.raises(ValueError, match='ds is empty'): DataLoader([], Sampler(range(3), 1))
@@ -246,6 +254,13 @@ def test_fit_modes():
 def test_fit_bad_epochs():
     with pytest.raises(ValueError, match='epochs must be an int >= 0, got -1'):
         fit(-1, None, None, None, [], [])
+
+
+def test_fit_with_no_validation_batches():
+    model = mlp(5, 4, 3)
+    batch = (torch.randn(8, 5), torch.randint(0, 3, (8,)))
+    with pytest.raises(ValueError, match='valid_dl gave no batches'):
+        fit(1, model, F.cross_entropy, Optimizer(model.parameters(), 0.1), [batch], [], verbose=False)
 
 
 def test_mlp_accuracy_on_embedded_data(mnist, capsys):

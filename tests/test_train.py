@@ -517,11 +517,12 @@ def test_two_trainers_in_the_same_second_get_their_own_folders(workdir, monkeypa
 
 
 CLAIM = textwrap.dedent("""
-    import sys, time
+    import os, sys, time
     from pathlib import Path
     from exp.train import RunFolderError, claim_run_folder
     go = Path(sys.argv[1])
-    while not go.exists(): time.sleep(0.01)
+    (go.parent / f'ready-{os.getpid()}').touch()  # imported: waiting at the barrier
+    while not go.exists(): time.sleep(0.001)
     try: print(claim_run_folder(Path(sys.argv[2]), more=sys.argv[3] == 'more')[0].name)
     except RunFolderError as e: print('refused:', e)
     """)
@@ -533,7 +534,10 @@ def test_claims_race_in_processes(tmp_path, more):
     go = tmp_path / 'go'
     procs = [subprocess.Popen([sys.executable, '-c', CLAIM, str(go), str(tmp_path / 'run'), 'more' if more else 'one'],
                               stdout=subprocess.PIPE, text=True) for _ in range(4)]
-    time.sleep(0.5)
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob('ready-*'))) < 4:  # open the barrier once all four wait at it
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs), 'the claimants did not all start'
+        time.sleep(0.01)
     go.touch()
     outputs = sorted(p.communicate(timeout=120)[0].strip() for p in procs)
     if more: ft.test_eq(outputs, ['run', 'run-1', 'run-2', 'run-3'])
