@@ -63,8 +63,10 @@ def show_images(x: torch.Tensor, y: torch.Tensor | None = None, n: int = 32, nco
 
 # %% ../nbs/01_data.ipynb #e871e984
 def normalize(x: torch.Tensor, mean: float | torch.Tensor, std: float | torch.Tensor) -> torch.Tensor:
-    "`(x - mean) / std`; `std` must be non-zero."
-    if (torch.as_tensor(std) == 0).any(): raise ValueError(f"std must be non-zero, got {std}")
+    "`(x - mean) / std`; `std` must be finite and non-zero."
+    if mean is None or std is None: raise TypeError(f"mean and std must be numbers or tensors, got mean={mean!r}, std={std!r}")
+    s = torch.as_tensor(std)
+    if not (s.isfinite() & (s != 0)).all(): raise ValueError(f"std must be finite and non-zero, got {std}")
     return (x - mean) / std
 
 MAX_SEED = 2**63 - 1  # the largest seed every generator takes (an int64)

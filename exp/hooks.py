@@ -89,7 +89,7 @@ def _check_modules(modules) -> None:
 
 class ActivationStats(Callback):
     "For each fit, hook `modules` (default: the model's children) and record their activations at every training batch."
-    def __init__(self, modules: type | tuple[type, ...] | Sequence[nn.Module] | None = None, bins: int = 40,
+    def __init__(self, modules: type | tuple[type, ...] | list[nn.Module] | None = None, bins: int = 40,
                  max_abs: float = 10.):
         _check_modules(modules)
         if isinstance(bins, bool) or not isinstance(bins, Integral) or bins < 1: raise ValueError(f"bins must be a positive int, got {bins!r}")
@@ -108,7 +108,9 @@ class ActivationStats(Callback):
         targets = self._targets()
         if not targets: raise ValueError(f"ActivationStats found no modules to hook in the model (modules={self.modules!r})")
         names = {m: name for name, m in self.model.named_modules()}
-        self.names = [f"{names.get(m, '?')} {type(m).__name__}" for m in targets]
+        outside = [type(m).__name__ for m in targets if m not in names]
+        if outside: raise ValueError(f"ActivationStats was given modules that are not in the model being fitted: {', '.join(outside)}")
+        self.names = [f"{names[m]} {type(m).__name__}" for m in targets]
         self.hooks = Hooks(targets, partial(append_stats, bins=self.bins, max_abs=self.max_abs))
 
     def after_fit(self):

@@ -424,7 +424,9 @@ def test_normalize():
     ft.test_close(xn.mean(), 0., eps=1e-5)
     ft.test_close(xn.std(), 1., eps=1e-5)
     ft.test_close(normalize(x, torch.full((784,), 2.), 3.), (x - 2) / 3)
-    with pytest.raises(ValueError, match='std must be non-zero'): normalize(x, 0., 0.)
+    for std in (0., float('nan'), float('inf'), torch.tensor([1., 0.])):
+        with pytest.raises(ValueError, match='std must be finite and non-zero'): normalize(x, 0., std)
+    with pytest.raises(TypeError, match='mean and std must be numbers or tensors'): normalize(x, 0., None)
 
 
 def test_set_seed():

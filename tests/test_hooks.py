@@ -191,6 +191,9 @@ def test_activation_stats_arguments_are_checked():
     model = mlp()
     with pytest.raises(ValueError, match='found no modules to hook'): fit_with(ActivationStats(nn.Conv2d), model=model)
     ft.test_eq(n_hooks(model), 0)
+    stranger = nn.ReLU()  # not in the model: its statistics would stay empty, fit after fit
+    with pytest.raises(ValueError, match='not in the model being fitted: ReLU'): fit_with(ActivationStats([model[0], stranger]), model=model)
+    ft.test_eq(n_hooks(model) + n_hooks(stranger), 0)
 
 
 def test_activation_stats_plots():
