@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import BatchSampler, SequentialSampler
 
+from .data import MAX_SEED
 from .exercises import exercise, expect_close, expect_number
 from .loss import accuracy
 
@@ -90,7 +91,7 @@ class Sampler:
         if len(ds) == 0: raise ValueError("ds is empty: nothing to sample")
         self.n, self.bs, self.shuffle, self.drop_last = len(ds), bs, shuffle, drop_last
         if seed is None: seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
-        elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63:
+        elif isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
             raise ValueError(f"seed must be an int from 0 to 2**63 - 1, or None, got {seed!r}")  # as set_seed's
         self.generator = torch.Generator().manual_seed(seed)
 

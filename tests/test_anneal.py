@@ -45,13 +45,16 @@ def make_learner(data=None, seed=0, **kwargs):
 
 # ---------------------------------------------------------------- annealers against their closed forms
 
-@settings(deadline=None)  # microseconds a call: no wall-time limit to flake on a loaded machine
+no_deadline = settings(deadline=None)  # microseconds a call: no wall-time limit to flake on a loaded machine
+
+
+@no_deadline
 @given(values, values, positions)
 def test_sched_lin_closed_form(start, end, pos):
     assert close(sched_lin(start, end)(pos), start + pos * (end - start), start, end)
 
 
-@settings(deadline=None)  # microseconds a call: no wall-time limit to flake on a loaded machine
+@no_deadline
 @given(values, values, positions)
 def test_sched_cos_closed_form(start, end, pos):
     # the course's formula: start + (1 + cos(pi * (1 - pos))) * (end - start) / 2
@@ -59,20 +62,20 @@ def test_sched_cos_closed_form(start, end, pos):
     assert close(sched_cos(start, end)(pos), want, start, end)
 
 
-@settings(deadline=None)  # microseconds a call: no wall-time limit to flake on a loaded machine
+@no_deadline
 @given(values, values, positions)
 def test_sched_no_closed_form(start, end, pos):
     assert sched_no(start, end)(pos) == start
 
 
-@settings(deadline=None)  # microseconds a call: no wall-time limit to flake on a loaded machine
+@no_deadline
 @given(positives, positives, positions)
 def test_sched_exp_closed_form(start, end, pos):
     got, want = sched_exp(start, end)(pos), start * (end / start) ** pos
     assert abs(got - want) <= 1e-9 * want
 
 
-@settings(deadline=None)  # microseconds a call: no wall-time limit to flake on a loaded machine
+@no_deadline
 @given(values, values)
 def test_annealers_exact_at_both_ends(start, end):
     for sched in (sched_lin, sched_cos):
@@ -81,7 +84,7 @@ def test_annealers_exact_at_both_ends(start, end):
     ft.test_eq((sched_no(start, end)(0.), sched_no(start, end)(1.)), (start, start))
 
 
-@settings(deadline=None)  # microseconds a call: no wall-time limit to flake on a loaded machine
+@no_deadline
 @given(positives, positives)
 def test_sched_exp_exact_at_both_ends(start, end):
     f = sched_exp(start, end)

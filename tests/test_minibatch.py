@@ -86,7 +86,7 @@ def test_sampler_bad_seed(seed):
     "The same range as set_seed's, checked before torch's generator sees it."
     with pytest.raises(ValueError, match=f'seed must be an int from 0 to 2\\*\\*63 - 1, or None, got {seed!r}'):
         Sampler(range(5), 2, shuffle=True, seed=seed)
-    assert list(Sampler(range(5), 2, seed=2**63 - 1)) is not None  # the largest seed is fine
+    ft.test_eq(len(list(Sampler(range(5), 2, shuffle=True, seed=2**63 - 1))), 3)  # the largest seed is fine
 
 
 def test_sampler_empty():
