@@ -21,10 +21,10 @@ def pytest_configure(config):
     config.addinivalue_line('markers', 'slow: needs a full data set; runs with --slow')
 
 
-def _notebooks_first(item) -> tuple:
-    "A sort key: the tests of each notebook, in reverse order of the notebooks' names, then every other test as collected."
+def _notebook_name(item) -> str:
+    "The name of the notebook a test runs, or '' for a test that runs none."
     notebook = getattr(item, 'callspec', None) and item.callspec.params.get('notebook')
-    return (0, [-ord(c) for c in notebook.stem]) if notebook is not None else (1, [])
+    return notebook.stem if notebook is not None else ''
 
 
 def pytest_collection_modifyitems(config, items):
@@ -37,7 +37,8 @@ def pytest_collection_modifyitems(config, items):
         items[:] = [item for item in items if item not in empty]
     # the notebooks' runs first, the later (longer) notebooks first: with several workers (pytest -n) the short tests
     # then fill in around them, instead of one long notebook running alone at the end
-    items.sort(key=_notebooks_first)
+    # (a reverse sort keeps equal keys in their collected order, and puts the other tests, named '', last)
+    items.sort(key=_notebook_name, reverse=True)
     if config.getoption('--slow'): return
     skip = pytest.mark.skip(reason='slow: pass --slow to run')
     for item in items:
