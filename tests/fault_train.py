@@ -6,7 +6,8 @@ MODE:
   pause-in-save  while the checkpoint of epoch 1 is written, its temporary file complete but not yet renamed:
                  create READY and wait (for the test's SIGKILL)
   enospc         the write of the checkpoint of epoch 1 fails as on a full disk (ENOSPC at its fsync)
-  die-rank1      under torchrun: rank 1 exits at the start of epoch 1, as a crashed process would
+  die-rank1      under torchrun: rank 1 exits at the 2nd training batch of epoch 1, as a crashed process would (after
+                 the 1st batch's gradient all-reduce, which rank 0 joins only once epoch 0's checkpoint is written)
   kill-rank1     under torchrun: rank 1 SIGKILLs itself at the 10th training batch of epoch 2, in torchrun's first
                  attempt only (TORCHELASTIC_RESTART_COUNT 0): the restarted workers then run to the end
   stop-rank1     under torchrun: rank 1 stops itself (SIGSTOP, a hung process) at the 5th training batch of epoch 1
@@ -53,22 +54,17 @@ elif mode == 'enospc':
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return fsync(fd)
     os.fsync = fsync_or_full
-elif mode == 'die-rank1':
-    from exp.callbacks import TrainEvalCallback
-    train_begin_epoch = TrainEvalCallback.begin_epoch
-    def begin_epoch_or_die(self):
-        if os.environ.get('RANK') == '1' and self.epoch == 1: os._exit(1)
-        train_begin_epoch(self)
-    TrainEvalCallback.begin_epoch = begin_epoch_or_die
-elif mode in ('kill-rank1', 'stop-rank1'):
+elif mode in ('die-rank1', 'kill-rank1', 'stop-rank1'):
     import signal
     from exp.callbacks import Runner
     one_batch, seen = Runner.one_batch, []
-    epoch, batch, sig = (2, 10, signal.SIGKILL) if mode == 'kill-rank1' else (1, 5, signal.SIGSTOP)
+    epoch, batch, fault = {'die-rank1': (1, 2, lambda: os._exit(1)),
+                           'kill-rank1': (2, 10, lambda: os.kill(os.getpid(), signal.SIGKILL)),
+                           'stop-rank1': (1, 5, lambda: os.kill(os.getpid(), signal.SIGSTOP))}[mode]
     def one_batch_or_die(self, xb, yb):
         if self.in_train and self.epoch == epoch: seen.append(1)
         if os.environ.get('RANK') == '1' and os.environ.get('TORCHELASTIC_RESTART_COUNT') == '0' and len(seen) == batch:
-            os.kill(os.getpid(), sig)
+            fault()
         one_batch(self, xb, yb)
     Runner.one_batch = one_batch_or_die
 elif mode != 'pause': sys.exit(f'unknown mode {mode}')

@@ -305,7 +305,7 @@ def test_exp_train_under_torchrun(tmp_path, no_torchrun_env):
 
 
 def test_exp_train_keeps_the_run_when_a_peer_dies(tmp_path, no_torchrun_env):
-    "Rank 1 dies at the start of epoch 1: rank 0 keeps the partial folder with epoch 0's checkpoint and says how to go on."
+    "Rank 1 dies early in epoch 1: rank 0 keeps the partial folder with epoch 0's checkpoint and says how to go on."
     fault = Path(__file__).parent / 'fault_train.py'
     proc = launch(fault, tmp_path / 'unused', 'die-rank1', '--arch', 'mlp', '--epochs', 3, '--out', tmp_path / 'run', nproc=2,
                   timeout=300, env=CPU_ONLY, check=False)
