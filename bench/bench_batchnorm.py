@@ -12,9 +12,16 @@ runs about a dozen kernels per step where torch's runs two or three. On a machin
 wall clock also counts the time the process waited for a core, and with several threads each kernel is a
 parallel region whose threads all wait for the last one at its end, so ours waits more often than torch's: there
 the one-thread CPU-time ratio is the one that measures the code.
+
+The `fresh_sum` lines show one reason why, at each shape: the time of a product of two tensors (`mul`, as in
+`xc * xc`), of the per-channel sum of a tensor written long before (`sum`), and of the product followed by the
+per-channel sum of what it has just written (`mul_then_sum`), as our layer does twice a step. With one thread the
+last is about the first two added; with several, a reduction that reads what the threads of the kernel before it
+have just written can cost several times more, a cost torch's fused kernel pays less often.
 """
 import statistics
 import time
+import timeit
 
 import torch
 from torch import nn
@@ -111,6 +118,17 @@ def whole_model(prefix):
     report_pair(f'{prefix}simple_cnn_bs64_step', time_pair(model_step(ours, xb, yb), model_step(theirs, xb, yb), 3), 'ms', 1e3)
 
 
+def fresh_sum(prefix):
+    "Per-call us of a product, of a per-channel sum of a settled tensor, and of a product then the sum of its output."
+    for shape in (shape for shapes in SHAPES.values() for shape in shapes):
+        g = torch.Generator().manual_seed(0)
+        a, b, out = torch.randn(shape, generator=g), torch.randn(shape, generator=g), torch.empty(shape)
+        fns = {'mul': lambda: torch.mul(a, b, out=out), 'sum': lambda: out.sum((0, 2, 3)),
+               'mul_then_sum': lambda: torch.mul(a, b, out=out).sum((0, 2, 3))}
+        us = {name: min(timeit.repeat(fn, number=500, repeat=7)) / 500 * 1e6 for name, fn in fns.items()}
+        report(f"{prefix}fresh_sum_{'x'.join(map(str, shape))}_us", ', '.join(f'{name} {t:.1f}' for name, t in us.items()))
+
+
 report('target_ratio', 2.0)
 default_threads = torch.get_num_threads()
 for threads in sorted({1, default_threads}):
@@ -118,3 +136,4 @@ for threads in sorted({1, default_threads}):
     report('torch_threads', threads)
     layers(f't{threads}_')
     whole_model(f't{threads}_')
+    fresh_sum(f't{threads}_')
