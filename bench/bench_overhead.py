@@ -19,13 +19,21 @@ With --bounds it also times the MLP with parts of the per-batch work removed (th
 the Recorder and the non-finite-loss check, then all three): not the same work any more, but how far a
 redesign of those parts could take the ratio.
 
+With --python-cost it measures what a Python call costs inside the training loop: the hand loop calls a plain
+Python function at every training batch (between the schedule's writes and the forward pass), one that loops
+over `range(k)` adding integers and touches no tensor, for each k of PYTHON_COST_KS. Each line gives the
+function's cost timed alone in a tight loop, and what it added to the hand loop per batch (the median over the
+rounds of the per-round difference).
+
     python bench/bench_overhead.py [--rounds 15] [--cnn-rounds 5] [--peer-rounds 3] [--no-cnn] [--no-peers] [--bounds]
+                                   [--python-cost]
 """
 import argparse
 import contextlib
 import io
 import statistics
 import time
+import timeit
 from functools import partial
 
 import torch
@@ -91,8 +99,8 @@ def one_cycle_values(arch: str) -> list:
 SCHEDULE = {arch: one_cycle_values(arch) for arch in MODELS}
 
 
-def by_hand(arch: str):
-    "The loop a careful engineer writes: one-cycle values set per batch, loss and accuracy summed on the way."
+def by_hand(arch: str, call=None):
+    "The loop a careful engineer writes: one-cycle values set per batch, loss and accuracy summed on the way (`call`: see --python-cost)."
     model = MODELS[arch]()
     opt = SGD(model.parameters(), lr=LR[arch], momentum=MOMENTUM)
     train_dl, valid_dl = loaders()
@@ -101,6 +109,7 @@ def by_hand(arch: str):
     model.train()
     for (xb, yb), (lr, mom) in zip(train_dl, SCHEDULE[arch]):
         for pg in opt.param_groups: pg['lr'], pg['momentum'] = lr, mom
+        if call is not None: call()
         if tfm is not None: xb = tfm(xb)
         pred = model(xb)
         loss = F.cross_entropy(pred, yb)
@@ -156,6 +165,33 @@ def ours_without(*parts: str):
     return run
 
 
+PYTHON_COST_KS = (0, 30, 300)  # iterations of the plain-Python function --python-cost inserts into the hand loop
+
+
+def python_work(k: int):
+    "A function that runs `k` iterations of plain Python (integer additions) and touches no tensor."
+    def work():
+        total = 0
+        for i in range(k): total += i
+        return total
+    return work
+
+
+def alone_us(fn, number: int = 20_000, repeat: int = 5) -> float:
+    "`fn`'s cost in us per call, timed alone in a tight loop (the minimum over `repeat` runs of `number` calls)."
+    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number * 1e6
+
+
+def python_cost(rounds: int) -> None:
+    "What a plain-Python call costs at every batch of the hand loop, against its cost alone, for each k of PYTHON_COST_KS."
+    fns = {'hand': partial(by_hand, 'mlp')}
+    fns.update({f'k{k}': partial(by_hand, 'mlp', python_work(k)) for k in PYTHON_COST_KS})
+    t = rounds_of(fns, rounds)
+    for k in PYTHON_COST_KS:
+        in_loop = statistics.median(a - b for a, b in zip(t[f'k{k}'], t['hand'])) / N_BATCHES * 1e6
+        report(f'python_cost_k{k}_us', f'{alone_us(python_work(k)):.2f} alone, {in_loop:.2f} in the training loop')
+
+
 def rounds_of(fns: dict, rounds: int) -> dict:
     "Wall times of each of `fns` over `rounds` rounds, after one warm-up each; the order flips every round."
     for fn in fns.values(): fn()
@@ -199,6 +235,7 @@ def main():
     ap.add_argument('--no-cnn', action='store_true', help='skip the CNN')
     ap.add_argument('--no-peers', action='store_true', help='skip plain PyTorch, Lightning and fastai')
     ap.add_argument('--bounds', action='store_true', help='also time the MLP with parts of the per-batch work removed')
+    ap.add_argument('--python-cost', action='store_true', help='also time a plain-Python call inside the hand loop, against its cost alone')
     args = ap.parse_args()
 
     report('data', f'{data_name}, {len(train_ds)} train, {len(valid_ds)} valid, bs {BS}, {N_BATCHES} training batches')
@@ -218,6 +255,7 @@ def main():
         report_ratio('mlp_bound_ours', t['ours'], t['hand'])
         for part in ('schedulers', 'recorder_and_nan_check', 'all_three'):
             report_ratio(f'mlp_bound_without_{part}', t[part], t['hand'])
+    if args.python_cost: python_cost(args.rounds)
     if 'cnn' in archs:
         t = rounds_of({'hand': partial(by_hand, 'cnn'), 'ours': partial(ours, 'cnn')}, args.cnn_rounds)
         report('cnn_hand_epoch_s', statistics.median(t['hand']))

@@ -94,6 +94,18 @@ def test_rounds_of_alternates(bench_overhead):
     ft.test_eq({name: len(ts) for name, ts in times.items()}, {'a': 3, 'b': 3})
 
 
+def test_python_cost_helpers(bench_overhead):
+    "--python-cost's function does its k iterations and nothing else; the hand loop calls it once per training batch."
+    ft.test_eq([bench_overhead.python_work(k)() for k in (0, 1, 30)], [0, 0, sum(range(30))])
+    assert bench_overhead.alone_us(bench_overhead.python_work(0), number=100, repeat=2) > 0
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench_overhead, 'train_ds', bench_overhead.Dataset(bench_overhead.x[:640], bench_overhead.y[:640]))
+        mp.setattr(bench_overhead, 'valid_ds', bench_overhead.Dataset(bench_overhead.xv[:256], bench_overhead.yv[:256]))
+        bench_overhead.by_hand('mlp', lambda: calls.append(1))
+    ft.test_eq(len(calls), 10)  # 640 samples in batches of 64; none for the validation batches
+
+
 @pytest.mark.slow
 def test_same_work_mlp(bench_overhead, capsys):
     "fit_one_cycle and the hand loop end with the same weights and sums, to the last bit; one lr off at one batch is caught."
