@@ -7,31 +7,36 @@ whole of the first model, one training step with each batch norm. Ours and torch
 blocks of calls, so that a slow spell of the machine hits both alike; each line is the median over the rounds.
 
 Everything runs twice: with one torch thread, then with torch's default count (lines prefixed t1_ and tN_, N the
-count). Each block is timed by the wall clock (`_ratio`) and by the process's CPU time (`_cpu_ratio`). Ours
-runs about a dozen kernels per step where torch's runs two or three. On a machine shared with other work, the
-wall clock also counts the time the process waited for a core, and with several threads each kernel is a
-parallel region whose threads all wait for the last one at its end, so ours waits more often than torch's: there
-the one-thread CPU-time ratio is the one that measures the code.
+count). Each block is timed by the wall clock (`_ratio`) and by the process's CPU time (`_cpu_ratio`). Ours runs
+about two dozen kernels per step (a dozen over the whole tensor, as many per channel) where torch's runs two or
+three. On a machine shared with other work, the wall clock also counts the time the process waited for a core, and
+with several threads each kernel is a parallel region whose threads all wait for the last one at its end, so ours
+waits more often than torch's: there the one-thread CPU-time ratio is the one that measures the code.
 
-The `fresh_sum` lines show one reason why, at each shape: the time of a product of two tensors (`mul`, as in
-`xc * xc`), of the per-channel sum of a tensor written long before (`sum`), and of the product followed by the
-per-channel sum of what it has just written (`mul_then_sum`), as our layer does twice a step. With one thread the
-last is about the first two added; with several, a reduction that reads what the threads of the kernel before it
-have just written can cost several times more, a cost torch's fused kernel pays less often.
+The `step_parts` lines show where one training step of each layer goes, timed inside the step (the median over
+PART_STEPS steps of each part). Ours: the forward call, split into the module's Python with autograd's
+`Function.apply` around it, and `_BatchNormFunction.forward` itself; the backward call, split into
+`_BatchNormFunction.backward` and autograd's own work around it (the engine, the Python node, accumulating the
+three gradients); and the per-channel reductions inside the two passes (`Tensor.sum`), added up per step. Torch's:
+the forward call, split into its module's Python and `torch.batch_norm` (its fused kernel, dispatch included), and
+the backward call. Each timed part carries the small cost of its timer, and the parts do not add up exactly (each
+is a median).
 """
+import contextlib
 import statistics
 import time
-import timeit
+from collections import defaultdict
 
 import torch
 from torch import nn
 
 from common import report
-from exp.batchnorm import BatchNorm2d
+from exp.batchnorm import BatchNorm2d, _BatchNormFunction
 from exp.cnn import simple_cnn
 
 ROUNDS = 41
 CALLS = 10  # layer steps per timed block
+PART_STEPS = 1000  # steps timed part by part
 SHAPES = {'simple_cnn_bs64': [(64, 16, 14, 14), (64, 16, 7, 7)],
           'train_simple_cnn_bs32': [(32, 16, 14, 14), (32, 32, 7, 7), (32, 64, 4, 4)]}
 
@@ -118,15 +123,63 @@ def whole_model(prefix):
     report_pair(f'{prefix}simple_cnn_bs64_step', time_pair(model_step(ours, xb, yb), model_step(theirs, xb, yb), 3), 'ms', 1e3)
 
 
-def fresh_sum(prefix):
-    "Per-call us of a product, of a per-channel sum of a settled tensor, and of a product then the sum of its output."
+@contextlib.contextmanager
+def timed(owner, name, spans):
+    "Within the block, `owner.name` (a function) appends the seconds of each call it makes to `spans[name]`."
+    own = name in vars(owner)  # else inherited (torch.Tensor's methods are its C base class's): deleting ours restores it
+    fn = vars(owner)[name] if own else getattr(owner, name)
+    inner = fn.__func__ if isinstance(fn, staticmethod) else fn
+
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try: return inner(*args, **kwargs)
+        finally: spans[name].append(time.perf_counter() - start)
+    setattr(owner, name, staticmethod(wrapper) if isinstance(fn, staticmethod) else wrapper)
+    try: yield
+    finally:
+        if own: setattr(owner, name, fn)
+        else: delattr(owner, name)
+
+
+def step_parts(prefix):
+    "Where one training step of each layer goes, timed inside the step (medians over PART_STEPS steps, in us)."
     for shape in (shape for shapes in SHAPES.values() for shape in shapes):
         g = torch.Generator().manual_seed(0)
-        a, b, out = torch.randn(shape, generator=g), torch.randn(shape, generator=g), torch.empty(shape)
-        fns = {'mul': lambda: torch.mul(a, b, out=out), 'sum': lambda: out.sum((0, 2, 3)),
-               'mul_then_sum': lambda: torch.mul(a, b, out=out).sum((0, 2, 3))}
-        us = {name: min(timeit.repeat(fn, number=500, repeat=7)) / 500 * 1e6 for name, fn in fns.items()}
-        report(f"{prefix}fresh_sum_{'x'.join(map(str, shape))}_us", ', '.join(f'{name} {t:.1f}' for name, t in us.items()))
+        x = torch.randn(shape, generator=g).relu().requires_grad_()
+        grad = torch.randn(shape, generator=g)
+        parts = {}
+        for who, bn in (('ours', BatchNorm2d(shape[1])), ('torch', nn.BatchNorm2d(shape[1]))):
+            spans = defaultdict(list)
+            step = layer_step(bn, x, grad)
+            for _ in range(50): step()  # warm-up, untimed
+            with contextlib.ExitStack() as stack:
+                # ours: the Function's two passes and the reductions in them; torch's: its fused forward kernel
+                for owner, name in ((_BatchNormFunction, 'forward'), (_BatchNormFunction, 'backward'), (torch.Tensor, 'sum'),
+                                    (torch, 'batch_norm')):
+                    stack.enter_context(timed(owner, name, spans))
+                for _ in range(PART_STEPS):
+                    x.grad = bn.weight.grad = bn.bias.grad = None
+                    start = time.perf_counter()
+                    y = bn(x)
+                    mid = time.perf_counter()
+                    y.backward(grad)
+                    end = time.perf_counter()
+                    del y  # the step's output and what its graph saved are freed here, outside the timed spans
+                    spans['forward_call'].append(mid - start)
+                    spans['backward_call'].append(end - mid)
+            med = {name: statistics.median(ts) * 1e6 for name, ts in spans.items()}
+            if who == 'ours':
+                n_sums, rest = divmod(len(spans['sum']), PART_STEPS)
+                assert n_sums and not rest, f"{len(spans['sum'])} reductions in {PART_STEPS} steps"
+                reductions = statistics.median(map(sum, zip(*[iter(spans['sum'])] * n_sums))) * 1e6  # a step's, added
+                parts[who] = (f"forward {med['forward_call']:.1f} (module and apply {med['forward_call'] - med['forward']:.1f}, "
+                              f"Function.forward {med['forward']:.1f}), backward {med['backward_call']:.1f} (Function.backward "
+                              f"{med['backward']:.1f}, autograd around it {med['backward_call'] - med['backward']:.1f}); "
+                              f"the {n_sums} reductions {reductions:.1f}")
+            else:
+                parts[who] = (f"forward {med['forward_call']:.1f} (module {med['forward_call'] - med['batch_norm']:.1f}, "
+                              f"torch.batch_norm {med['batch_norm']:.1f}), backward {med['backward_call']:.1f}")
+        for who, text in parts.items(): report(f"{prefix}step_parts_{'x'.join(map(str, shape))}_{who}_us", text)
 
 
 report('target_ratio', 2.0)
@@ -136,4 +189,4 @@ for threads in sorted({1, default_threads}):
     report('torch_threads', threads)
     layers(f't{threads}_')
     whole_model(f't{threads}_')
-    fresh_sum(f't{threads}_')
+    step_parts(f't{threads}_')
