@@ -48,6 +48,13 @@ def blocks(step, calls):
     return run
 
 
+def layer_inputs(shape):
+    "The layer's input (needing a gradient) and the gradient of its output, the same at every call."
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=g).relu().requires_grad_()  # batch norm follows a ReLU in these models
+    return x, torch.randn(shape, generator=g)
+
+
 def layer_step(bn, x, grad):
     "One training step of the layer alone: forward in training mode, backward into the input and the parameters."
     def step():
@@ -92,9 +99,7 @@ def layers(prefix):
     worst = worst_cpu = 0.
     for model_name, shapes in SHAPES.items():
         for shape in shapes:
-            g = torch.Generator().manual_seed(0)
-            x = torch.randn(shape, generator=g).relu().requires_grad_()  # batch norm follows a ReLU in these models
-            grad = torch.randn(shape, generator=g)
+            x, grad = layer_inputs(shape)
             ours, theirs = BatchNorm2d(shape[1]), nn.BatchNorm2d(shape[1])
             steps = [layer_step(ours, x, grad), layer_step(theirs, x, grad)]
             grads = []
@@ -144,9 +149,7 @@ def timed(owner, name, spans):
 def step_parts(prefix):
     "Where one training step of each layer goes, timed inside the step (medians over PART_STEPS steps, in us)."
     for shape in (shape for shapes in SHAPES.values() for shape in shapes):
-        g = torch.Generator().manual_seed(0)
-        x = torch.randn(shape, generator=g).relu().requires_grad_()
-        grad = torch.randn(shape, generator=g)
+        x, grad = layer_inputs(shape)
         parts = {}
         for who, bn in (('ours', BatchNorm2d(shape[1])), ('torch', nn.BatchNorm2d(shape[1]))):
             spans = defaultdict(list)
