@@ -2,6 +2,9 @@
 batch norm and the pooled statistics written out (its exercises: test_exercises.py)."""
 import copy
 import math
+import os
+import shutil
+import time
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ from fastcore import test as ft  # fastcore.test.test_eq would be collected by p
 from hypothesis import given, settings, strategies as st
 from torch import nn
 
+import exp.batchnorm
 from exp.batchnorm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RunningBatchNorm
 from exp.data import set_seed
 
@@ -55,9 +59,11 @@ BN_CASES = [(BatchNorm2d, nn.BatchNorm2d, (16, 6, 5, 5)), (BatchNorm1d, nn.Batch
 @pytest.mark.parametrize('ours, ref, shape', BN_CASES, ids=['2d', '1d_2D_input', '1d_3D_input'])
 @pytest.mark.parametrize('momentum', [0.1, 0.5, None])
 @pytest.mark.parametrize('affine, track', [(True, True), (False, True), (True, False), (False, False)])
-def test_batchnorm_equals_torch(ours, ref, shape, momentum, affine, track):
+@pytest.mark.parametrize('kernel', [True, False], ids=['kernel', 'python_passes'])
+def test_batchnorm_equals_torch(ours, ref, shape, momentum, affine, track, kernel):
     kw = dict(momentum=momentum, affine=affine, track_running_stats=track)
     a, b = ours(6, **kw), ref(6, **kw)
+    a.kernel = kernel
     check_like_torch(a, b, shape, modes=[True, True, False, True, False, True])
     ft.test_eq(list(a.state_dict()), list(b.state_dict()))
     ft.test_eq([n for n, _ in a.named_parameters()], [n for n, _ in b.named_parameters()])
@@ -146,14 +152,84 @@ def test_second_derivative_is_refused_not_wrong():
     with pytest.raises(RuntimeError, match='once_differentiable'): gx.sum().backward()
 
 
-def test_momentum_none_never_reads_the_count_on_the_host(monkeypatch):
+@pytest.mark.parametrize('kernel', [True, False], ids=['kernel', 'python_passes'])
+def test_momentum_none_never_reads_the_count_on_the_host(monkeypatch, kernel):
     # float(num_batches_tracked), as torch's module does, makes a GPU wait at every training batch
     bn = BatchNorm2d(3, momentum=None)
+    bn.kernel = kernel
     def refuse(*args, **kwargs): raise AssertionError('a tensor value was read on the host')
     for name in ('item', 'tolist', '__float__', '__bool__', '__int__', '__index__'): monkeypatch.setattr(torch.Tensor, name, refuse)
     bn(torch.randn(4, 3, 2, 2))
     monkeypatch.undo()
     ft.test_eq(bn.num_batches_tracked, torch.tensor(1))
+
+
+# ---------------------------------------------------------------- the C++ kernel (notebook 08b, "One loop per channel")
+
+def training_pass(bn, x):
+    "The autograd Function that `bn` trains `x` with: the kernel's or the Python passes'."
+    return type(bn.train()(x.requires_grad_()).grad_fn).__name__
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get('CXX', 'c++')) is None, reason='no C++ compiler here to build the kernel with')
+def test_the_kernel_builds_where_there_is_a_compiler():
+    assert exp.batchnorm.build_kernel() is not None
+    ft.test_eq(training_pass(BatchNorm2d(4), torch.randn(8, 4, 3, 3)), '_KernelBatchNormFunctionBackward')
+    ft.test_eq(training_pass(BatchNorm1d(4), torch.randn(8, 4)), '_KernelBatchNormFunctionBackward')
+
+
+@pytest.mark.parametrize('make, x', [
+    (lambda: BatchNorm2d(4).double(), torch.randn(8, 4, 3, 3, dtype=torch.float64)),  # float64: the Python passes
+    (lambda: BatchNorm2d(4), torch.randn(8, 4, 3, 3).to(memory_format=torch.channels_last)),  # a layout it does not read
+    (lambda: BatchNorm2d(4), torch.randn(8, 4, 3, 3)[:, :, :, :2]),  # not contiguous
+], ids=['float64', 'channels_last', 'strided'])
+def test_the_kernel_leaves_what_it_does_not_fit_to_the_python_passes(make, x):
+    ft.test_eq(training_pass(make(), x), '_BatchNormFunctionBackward')
+
+
+def test_the_switch_turns_the_kernel_off_for_one_layer_or_the_class(monkeypatch):
+    bn, x = BatchNorm2d(4), torch.randn(8, 4, 3, 3)
+    bn.kernel = False
+    ft.test_eq(training_pass(bn, x), '_BatchNormFunctionBackward')
+    monkeypatch.setattr(BatchNorm2d, 'kernel', False)
+    ft.test_eq(training_pass(BatchNorm2d(4), x), '_BatchNormFunctionBackward')
+
+
+@pytest.mark.parametrize('shape', [(16, 6, 5, 5), (32, 6), (8, 6, 7), (2, 1, 1, 1), (3, 5, 1)])
+@pytest.mark.parametrize('affine, track', [(True, True), (False, False)])
+def test_the_kernel_equals_the_python_passes(shape, affine, track):
+    a, b = BatchNorm2d if len(shape) == 4 else BatchNorm1d, BatchNorm2d if len(shape) == 4 else BatchNorm1d
+    ours, python_passes = a(shape[1], affine=affine, track_running_stats=track), b(shape[1], affine=affine, track_running_stats=track)
+    python_passes.kernel = False
+    check_like_torch(ours, python_passes, shape, modes=[True, True, False])
+
+
+def test_without_a_compiler_the_python_passes_run_and_a_warning_says_why(monkeypatch):
+    import torch.utils.cpp_extension
+    def no_compiler(*args, **kwargs): raise RuntimeError('Ninja is required to load C++ extensions (cut by the test)')
+    monkeypatch.setattr(torch.utils.cpp_extension, 'load', no_compiler)
+    monkeypatch.setattr(exp.batchnorm, '_kernel_ops', ...)  # not tried yet: the next training batch tries
+    with pytest.warns(UserWarning, match='the C.. kernel could not be built .RuntimeError: Ninja is required'):
+        ft.test_eq(training_pass(BatchNorm2d(4), torch.randn(8, 4, 3, 3)), '_BatchNormFunctionBackward')
+    check_like_torch(BatchNorm2d(4), nn.BatchNorm2d(4), (8, 4, 3, 3), [True, False])  # tried once: no second warning
+    ft.test_is(exp.batchnorm._kernel_ops, None)
+
+
+@pytest.mark.parametrize('age_s, removed', [(3600, True), (5, False)], ids=['killed_build', 'build_under_way'])
+def test_a_lock_left_by_a_killed_build_is_removed(monkeypatch, tmp_path, age_s, removed):
+    import torch.utils.cpp_extension
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
+    folder = exp.batchnorm._kernel_dir()
+    folder.mkdir(parents=True)
+    lock = folder / 'lock'
+    lock.touch()
+    os.utime(lock, (time.time() - age_s,) * 2)
+    seen = []
+    def load(**kwargs): seen.append((lock.exists(), (folder / 'batchnorm.cpp').read_text(), kwargs['build_directory']))
+    monkeypatch.setattr(torch.utils.cpp_extension, 'load', load)
+    monkeypatch.setattr(exp.batchnorm, '_kernel_ops', ...)
+    exp.batchnorm.build_kernel()
+    ft.test_eq(seen, [(not removed, exp.batchnorm._KERNEL_SOURCE, str(folder))])
 
 
 def test_state_dicts_move_both_ways():
