@@ -12,19 +12,19 @@ blocks of calls, so that a slow spell of the machine hits both alike; each line 
 Everything runs twice: with one torch thread, then with torch's default count (lines prefixed t1_ and tN_, N the
 count). Each block is timed by the wall clock (`_ratio`) and by the process's CPU time (`_cpu_ratio`). The Python
 passes run about two dozen kernels per step (a dozen over the whole tensor, as many per channel) where torch's
-layer and our kernel run one loop per pass. On a machine shared with other work, the wall clock also counts the time the process waited for a core, and
-with several threads each kernel is a parallel region whose threads all wait for the last one at its end, so ours
-waits more often than torch's: there the one-thread CPU-time ratio is the one that measures the code.
+layer and our kernel run one loop per pass. On a machine shared with other work, the wall clock also counts the
+time the process waited for a core, and with several threads each kernel is a parallel region whose threads all
+wait for the last one at its end, so the Python passes wait more often than torch's: there the one-thread CPU-time
+ratio is the one that measures the code.
 
 The `step_parts` lines show where one training step of each layer goes, timed inside the step (the median over
 PART_STEPS steps of each part). Our kernel: the forward and backward calls, and the kernel's two operators inside
-them. Our Python passes: the forward call, split into the module's Python with autograd's
-`Function.apply` around it, and `_BatchNormFunction.forward` itself; the backward call, split into
-`_BatchNormFunction.backward` and autograd's own work around it (the engine, the Python node, accumulating the
-three gradients); and the per-channel reductions inside the two passes (`Tensor.sum`), added up per step. Torch's:
-the forward call, split into its module's Python and `torch.batch_norm` (its fused kernel, dispatch included), and
-the backward call. Each timed part carries the small cost of its timer, and the parts do not add up exactly (each
-is a median).
+them. Our Python passes: the forward call, split into the module's Python with autograd's `Function.apply` around
+it, and `_BatchNormFunction.forward` itself; the backward call, split into `_BatchNormFunction.backward` and
+autograd's own work around it (the engine, the Python node, accumulating the three gradients); and the per-channel
+reductions inside the two passes (`Tensor.sum`), added up per step. Torch's: the forward call, split into its
+module's Python and `torch.batch_norm` (its fused kernel, dispatch included), and the backward call. Each timed
+part carries the small cost of its timer, and the parts do not add up exactly (each is a median).
 """
 import contextlib
 import statistics
@@ -77,11 +77,11 @@ def model_step(model, xb, yb):
     return step
 
 
-def python_passes(num_features):
-    "Our BatchNorm2d with its kernel switched off."
-    bn = BatchNorm2d(num_features)
-    bn.kernel = False
-    return bn
+def python_passes(module):
+    "`module` with the kernel of each of our BatchNorm2d in it switched off: they train with the Python passes."
+    for m in module.modules():
+        if isinstance(m, BatchNorm2d): m.kernel = False
+    return module
 
 
 def time_steps(steps, calls):
@@ -117,7 +117,7 @@ def layers(prefix):
     for model_name, shapes in SHAPES.items():
         for shape in shapes:
             x, grad = layer_inputs(shape)
-            bns = BatchNorm2d(shape[1]), nn.BatchNorm2d(shape[1]), python_passes(shape[1])
+            bns = BatchNorm2d(shape[1]), nn.BatchNorm2d(shape[1]), python_passes(BatchNorm2d(shape[1]))
             steps = [layer_step(bn, x, grad) for bn in bns]
             grads = []
             for step, bn in zip(steps, bns):
@@ -134,15 +134,13 @@ def layers(prefix):
 def whole_model(prefix):
     torch.manual_seed(0)
     ours = simple_cnn((1, 16, 16, 2), bn=True)
-    theirs, python = simple_cnn((1, 16, 16, 2), bn=True), simple_cnn((1, 16, 16, 2), bn=True)
+    theirs, python = simple_cnn((1, 16, 16, 2), bn=True), python_passes(simple_cnn((1, 16, 16, 2), bn=True))
     for block in theirs:  # the same net with torch's batch norm in place of ours
         if not isinstance(block, nn.Sequential): continue
         for i, m in enumerate(block):
             if isinstance(m, BatchNorm2d): block[i] = nn.BatchNorm2d(m.num_features)
     theirs.load_state_dict(ours.state_dict())
     python.load_state_dict(ours.state_dict())
-    for m in python.modules():
-        if isinstance(m, BatchNorm2d): m.kernel = False
     assert sum(type(m) is nn.BatchNorm2d for m in theirs.modules()) == 2
     g = torch.Generator().manual_seed(1)
     xb, yb = torch.randn(64, 1, 28, 28, generator=g), torch.randint(0, 2, (64,), generator=g)
@@ -173,7 +171,7 @@ def step_parts(prefix):
     for shape in (shape for shapes in SHAPES.values() for shape in shapes):
         x, grad = layer_inputs(shape)
         parts = {}
-        layers = [('python', python_passes(shape[1])), ('torch', nn.BatchNorm2d(shape[1]))]
+        layers = [('python', python_passes(BatchNorm2d(shape[1]))), ('torch', nn.BatchNorm2d(shape[1]))]
         if kernel_ops is not None: layers.insert(0, ('ours', BatchNorm2d(shape[1])))  # else ours is the Python passes
         for who, bn in layers:
             spans = defaultdict(list)
@@ -221,6 +219,7 @@ class KernelOps:
 report('target_ratio', 2.0)
 ops = build_kernel()
 report('kernel', 'built and loaded' if ops is not None else 'not built: ours is the Python passes')
+# the layers call the kernel through this wrapper too, so that step_parts can time its operators
 kernel_ops = exp.batchnorm._kernel_ops = KernelOps(ops) if ops is not None else None
 default_threads = torch.get_num_threads()
 for threads in sorted({1, default_threads}):

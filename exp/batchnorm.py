@@ -172,8 +172,8 @@ std::tuple<Tensor, Tensor, Tensor> bn_forward(const Tensor& x_, const std::optio
   const int64_t N = x.size(0), C = x.size(1), S = x.numel() / (N * C), n = N * S;
   Tensor y = at::empty_like(x), mean = at::empty({C}, x.options()), invstd = at::empty({C}, x.options());
   const float *xp = floats(x), *wp = weight ? floats(*weight) : nullptr, *bp = bias ? floats(*bias) : nullptr;
-  float *yp = y.data_ptr<float>(), *rm = running_mean ? running_mean->data_ptr<float>() : nullptr;
-  float *rv = running_var ? running_var->data_ptr<float>() : nullptr;
+  float *yp = y.data_ptr<float>(), *mp = mean.data_ptr<float>(), *ip = invstd.data_ptr<float>();
+  float *rm = running_mean ? running_mean->data_ptr<float>() : nullptr, *rv = running_var ? running_var->data_ptr<float>() : nullptr;
   // torch's momentum convention; none: the cumulative average, the new value weighted 1 / the batches counted
   double m = 0;
   if (num_batches_tracked) {
@@ -199,11 +199,12 @@ std::tuple<Tensor, Tensor, Tensor> bn_forward(const Tensor& x_, const std::optio
       sqr += row_sqr;
     }
     const double is = 1 / std::sqrt(sqr / n + eps);
-    mean.data_ptr<float>()[c] = mu;
-    invstd.data_ptr<float>()[c] = is;
+    mp[c] = mu;
+    ip[c] = is;
     if (rm) rm[c] = (1 - m) * rm[c] + m * mu;
     if (rv) rv[c] = (1 - m) * rv[c] + m * sqr / (n - 1);  // the unbiased variance
-    const float a = is * (wp ? wp[c] : 1.), b = (bp ? bp[c] : 0.) - mu * is * (wp ? wp[c] : 1.);
+    const double w = wp ? wp[c] : 1.;
+    const float a = is * w, b = (bp ? bp[c] : 0.) - mu * is * w;
     for (int64_t i = 0; i < N; ++i) {
       const float* row = xp + (i * C + c) * S;
       float* out = yp + (i * C + c) * S;
@@ -221,10 +222,11 @@ std::tuple<Tensor, Tensor, Tensor> bn_backward(const Tensor& grad_y, const Tenso
   const int64_t N = x.size(0), C = x.size(1), S = x.numel() / (N * C), n = N * S;
   Tensor grad_x = at::empty_like(x), grad_weight = at::empty({C}, x.options()), grad_bias = at::empty({C}, x.options());
   const float *xp = floats(x), *gp = floats(g), *wp = weight ? floats(*weight) : nullptr;
-  float* out = grad_x.data_ptr<float>();
+  const float *mp = floats(mean), *ip = floats(invstd);
+  float *out = grad_x.data_ptr<float>(), *gwp = grad_weight.data_ptr<float>(), *gbp = grad_bias.data_ptr<float>();
   for (int64_t c = 0; c < C; ++c) {
-    const float mu = floats(mean)[c];
-    const double is = floats(invstd)[c];
+    const float mu = mp[c];
+    const double is = ip[c];
     double sg = 0, sgx = 0;
     for (int64_t i = 0; i < N; ++i) {
       const float *row = xp + (i * C + c) * S, *grow = gp + (i * C + c) * S;
@@ -234,8 +236,8 @@ std::tuple<Tensor, Tensor, Tensor> bn_backward(const Tensor& grad_y, const Tenso
       sg += row_g;
       sgx += row_gx;
     }
-    grad_bias.data_ptr<float>()[c] = sg;
-    grad_weight.data_ptr<float>()[c] = sgx * is;  // sum(g * x_hat)
+    gbp[c] = sg;
+    gwp[c] = sgx * is;  // sum(g * x_hat)
     // dL/dx = w * is * (g - sum(g)/n - (x - mean) * is^2 * sum(g * (x - mean))/n)
     const float k = (wp ? wp[c] : 1.) * is, mg = sg / n, cx = sgx * is * is / n;
     for (int64_t i = 0; i < N; ++i) {
