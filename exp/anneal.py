@@ -144,14 +144,14 @@ class ParamScheduler(Callback):
             if self.idx is not None and not (isinstance(value, (tuple, list)) and self.idx < len(value)):
                 raise ValueError(f"idx={self.idx} does not index {self.pname}={value!r} in parameter group {i}")
         self.funcs = self.sched_funcs * len(groups) if len(self.sched_funcs) == 1 else self.sched_funcs
-        self._values, self._values_epoch = {}, None
+        self._values = {}
 
-    def _tabulate(self, run: Runner) -> None:
+    def begin_epoch(self):
         "The values at the positions this epoch's training batches will have, counted as TrainEvalCallback counts them."
-        n_epochs, iters = float(run.epoch), len(run.data.train_dl)
-        self._values, self._values_epoch = {}, run.epoch
+        n_epochs, epochs, iters = float(self.epoch), self.epochs, len(self.data.train_dl)
+        self._values = {}
         for _ in range(iters):
-            pos = n_epochs / run.epochs
+            pos = n_epochs / epochs
             self._values[pos] = [f(pos) for f in self.funcs]
             n_epochs += 1. / iters
 
@@ -160,14 +160,14 @@ class ParamScheduler(Callback):
         run = self.run  # read directly at every batch: see "Making it fast"
         if not run.in_train: return
         pos = run.n_epochs / run.epochs
-        if run.epoch != self._values_epoch: self._tabulate(run)
         values = self._values.get(pos) or [f(pos) for f in self.funcs]  # a position not counted ahead: computed now
+        if self.idx is None:
+            for value, pg in zip(values, run.learn.opt.param_groups): pg[self.pname] = value
+            return
         for value, pg in zip(values, run.learn.opt.param_groups):
-            if self.idx is None: pg[self.pname] = value
-            else:
-                elements = list(pg[self.pname])
-                elements[self.idx] = value
-                pg[self.pname] = type(pg[self.pname])(elements)
+            elements = list(pg[self.pname])
+            elements[self.idx] = value
+            pg[self.pname] = type(pg[self.pname])(elements)
 
 # %% ../nbs/05_anneal.ipynb #6837db0e
 def annealer(f: Callable[[float, float, float], float]) -> Callable[[float, float], Callable[[float], float]]:

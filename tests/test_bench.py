@@ -111,11 +111,15 @@ def test_same_work_mlp(bench_overhead, capsys):
     bench_overhead.same_work('mlp')
     lines = reported(capsys.readouterr().out)
     ft.test_eq((lines['mlp_same_weights'], lines['mlp_same_stats']), ('True', 'True'))
-    schedule = list(bench_overhead.SCHEDULE['mlp'])
-    lr, mom = schedule[500]
-    schedule[500] = (lr * (1 + 1e-6), mom)
+    exact = bench_overhead.one_cycle_values
+
+    def one_lr_off(arch):
+        schedule = exact(arch)
+        lr, mom = schedule[500]
+        schedule[500] = (lr * (1 + 1e-6), mom)
+        return schedule
     with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(bench_overhead.SCHEDULE, 'mlp', schedule)
+        mp.setattr(bench_overhead, 'one_cycle_values', one_lr_off)
         with pytest.raises(SystemExit, match='did not do the same work'): bench_overhead.same_work('mlp')
 
 

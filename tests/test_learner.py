@@ -342,7 +342,8 @@ def test_show_events_of_a_typical_learner(tmp_path, capsys):
     ft.test_eq(table, {
         'begin_fit': ['TrainEvalCallback', 'Recorder', 'ProgressCallback', 'TerminateOnNaNCallback', 'ParamScheduler',
                       'ParamScheduler', 'AvgStatsCallback', 'SaveModelCallback', 'EarlyStopping', 'MixedPrecision'],
-        'begin_epoch': ['TrainEvalCallback', 'ProgressCallback', 'TerminateOnNaNCallback', 'AvgStatsCallback'],
+        'begin_epoch': ['TrainEvalCallback', 'ProgressCallback', 'TerminateOnNaNCallback', 'ParamScheduler', 'ParamScheduler',
+                        'AvgStatsCallback'],
         'begin_batch': ['ParamScheduler', 'ParamScheduler', 'MixedPrecision'],
         'after_pred': ['MixedPrecision'],
         'after_loss': ['Recorder', 'TerminateOnNaNCallback', 'AvgStatsCallback', 'MixedPrecision'],
