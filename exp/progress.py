@@ -5,6 +5,7 @@
 # %% ../nbs/07_progress.ipynb #86ffb279
 from __future__ import annotations
 
+import math
 import sys
 from typing import Callable
 
@@ -99,7 +100,7 @@ class ProgressCallback(Callback):
     def _new_bar(self, n: int) -> None:
         "A bar over the `n` batches about to run, under the epochs' bar."
         self._close_bar()
-        self.n_batches = 0
+        self.n_batches, self.due = 0, 1
         if self.mbar is None or n == 0: return
         self.pbar = (NBProgressBar if self.mode == 'notebook' else ConsoleProgressBar)(range(n), parent=self.mbar)
         self.pbar.update(0)
@@ -115,7 +116,15 @@ class ProgressCallback(Callback):
     def after_batch(self):
         if self.pbar is None: return
         self.n_batches += 1
-        self.pbar.update(self.n_batches)
+        if self.n_batches >= self.due: self._update()
+
+    def _update(self) -> None:
+        "Move the bar to `n_batches`; then note the batch at which fastprogress will redraw next (it ignores the others)."
+        pbar, n = self.pbar, self.n_batches
+        pbar.update(n)
+        if pbar.last_v is None: self.due = math.inf  # the bar has reached its end
+        elif n < pbar.first_its: self.due = n + 1  # its first few batches are each drawn
+        else: self.due = min(pbar.last_v + pbar.wait_for, pbar.total or math.inf)  # then about every update_every seconds
 
     def after_fit(self):
         if self.mode == 'off': return

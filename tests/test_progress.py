@@ -1,7 +1,9 @@
 """Unit tests for exp.progress: what ProgressCallback writes outside a notebook, and that it hands printing back."""
 import io
+import itertools
 import re
 import sys
+import types
 
 import pytest
 import torch
@@ -76,6 +78,34 @@ def test_console_bars_leave_only_the_table_on_a_terminal(capsys):
     raw = capsys.readouterr().out
     assert '\r' in raw and 'Epoch 2/2 :' in raw and '100.00% [4/4' in raw and '100.00% [2/2' in raw  # bars were drawn
     ft.test_eq(untimed(terminal_view(raw)), untimed(expected_lines(run.avg_stats.history)))
+
+
+class EveryBatch(ProgressCallback):
+    "The bar updated at every batch, as fastprogress's own loops do: the reference for the redraws."
+    def after_batch(self):
+        if self.pbar is None: return
+        self.n_batches += 1
+        self.pbar.update(self.n_batches)
+
+
+def test_console_bar_redraws_as_if_updated_at_every_batch(monkeypatch, capsys):
+    "ProgressCallback calls fastprogress's update only where it redraws: the same redraws, at the same batches, fewer calls."
+    import fastprogress.fastprogress as fp
+    update_bar, update, seen = fp.ConsoleProgressBar.update_bar, fp.ProgressBar.update, {}
+    for cls in (ProgressCallback, EveryBatch):
+        clock = itertools.count(0., 0.013)  # 13 ms at each reading: both runs read it at the same redraws
+        monkeypatch.setattr(fp, 'time', types.SimpleNamespace(time=lambda: next(clock)))
+        redraws, calls = [], []
+        monkeypatch.setattr(fp.ConsoleProgressBar, 'update_bar',
+                            lambda self, val: (redraws.append((self.total, val)), update_bar(self, val))[1])
+        monkeypatch.setattr(fp.ProgressBar, 'update', lambda self, val: (calls.append(val), update(self, val))[1])
+        Runner(cbs=[cls('console')]).fit(2, make_learner(n_train=800, n_valid=120))
+        seen[cls] = redraws, len(calls)
+    (ours, n_ours), (every, n_every) = seen[ProgressCallback], seen[EveryBatch]
+    ft.test_eq(ours, every)
+    assert (200, 200) in ours and (30, 30) in ours and len(ours) < 100, ours  # skipped batches, and each bar's end drawn
+    assert n_ours < n_every / 4, (n_ours, n_every)
+    capsys.readouterr()
 
 
 def test_auto_picks_by_where_output_goes(monkeypatch):
