@@ -124,7 +124,7 @@ class ProgressCallback(Callback):
         pbar.update(n)
         if pbar.last_v is None: self.due = math.inf  # the bar has reached its end
         elif n < pbar.first_its: self.due = n + 1  # its first few batches are each drawn
-        else: self.due = min(pbar.last_v + pbar.wait_for, pbar.total or math.inf)  # then about every update_every seconds
+        else: self.due = min(pbar.last_v + pbar.wait_for, pbar.total)  # then about every update_every seconds
 
     def after_fit(self):
         if self.mode == 'off': return
