@@ -8,6 +8,7 @@ time. Needs CUDA; takes about a minute on one H200 (the compiled run adds its co
 `--dry-run` runs every contender on the CPU with a tiny model and batch (fp16 and the compiled run included),
 to check the script itself on a machine without a GPU: its figures mean nothing."""
 import argparse
+import gc
 import sys
 import time
 
@@ -118,6 +119,11 @@ class Timer(Callback):
 def contender(setup, tf32=False, compiled=False):
     "Train with the callbacks `setup(learn)` adds, after a warm-up fit (which also compiles, for `compiled`); the figures."
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    # what earlier contenders left (a Learner and its callbacks refer to each other: only the cycle collector frees
+    # them; the compiler's caches hold the compiled model) freed first, so that each peak is this run's alone
+    gc.collect()
+    torch._dynamo.reset()
+    base = torch.cuda.memory_allocated() if dev.type == 'cuda' else 0
     model = make_model()
     learn = Learner(make_data(STEPS), model, F.cross_entropy, lr=0.01,
                     opt_func=lambda ps, lr: SGD(ps, lr=lr, momentum=0.9))
@@ -130,7 +136,7 @@ def contender(setup, tf32=False, compiled=False):
     timer = Timer()
     Runner(cbs=[*extra, timer]).fit(1, learn)
     step = timer.train_time / STEPS
-    peak = torch.cuda.max_memory_allocated() / 2**30 if dev.type == 'cuda' else float('nan')
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**30 if dev.type == 'cuda' else float('nan')
     return dict(step_ms=step * 1e3, samples_s=BS / step, peak_gib=peak, loss=timer.loss_value,
                 dtypes={p.dtype for p in model.parameters()})
 

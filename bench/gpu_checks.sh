@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every GPU check of the project, in one run on a CUDA machine: the CUDA unit tests, notebooks 08, 08a, 08b, 09
-# and 12 with their `#| cuda` cells, the mixed-precision benchmark (with TFLOP/s, and
-# its torch.compile run), and the trainer with --fp16 auto, alone and under torchrun (NCCL). Writes logs to $OUT (default runs/gpu).
+# Every GPU check of the project, in one run on a CUDA machine: first the mixed-precision benchmark (with TFLOP/s,
+# and its torch.compile run) alone on the GPU, so nothing else shares it while it is timed; then, side by side,
+# the CUDA unit tests, notebooks 08, 08a, 08b, 09 and 12 with their `#| cuda` cells, and the trainer with
+# --fp16 auto, alone and under torchrun (NCCL). Writes logs to $OUT (default runs/gpu); exits 1 if any part failed.
 # A machine without this project's dependencies can get them as wheels in .whl/ (see README).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,10 +17,8 @@ status=0
 TIMEFORMAT='wall %R s'
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out/gpu.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$out/gpu.txt"
-python3 -m pytest -q -p no:cacheprovider -rs tests/test_fp16.py tests/test_cnn.py tests/test_batchnorm.py tests/test_distributed.py 2>&1 | tee "$out/tests.txt" || status=1
-python3 -m pytest -q -p no:cacheprovider -rs tests/test_learner.py -k 'on_a_gpu' 2>&1 | tee "$out/tests_learner.txt" || status=1
-python3 -m pytest -q -p no:cacheprovider -rs tests/test_notebooks.py -k '08_cnn or 08a_hooks_init or 08b_batchnorm or 09_fp16 or 12_distributed' 2>&1 | tee "$out/notebooks.txt" || status=1
 python3 bench/fp16_gpu.py 2>&1 | tee "$out/fp16_gpu.txt" || status=1
+
 # the trainer on the GPU: --fp16 auto must pick fp16 there; then the same under torchrun (NCCL, one process per GPU)
 train_checks() {
   local s=0 gpus
@@ -33,5 +32,16 @@ train_checks() {
   rm -rf "$out"/run-*
   return $s
 }
-train_checks 2>&1 | grep -v '^W[0-9]' | tee "$out/train.txt" || status=1
+# the checks, side by side (pytest-xdist spreads the tests over processes; the suite is written for that), with
+# two torch threads each, so that a dozen processes do not each start one thread per core
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+pids=()
+python3 -m pytest -q -p no:cacheprovider -rs -n 4 tests/test_fp16.py tests/test_cnn.py tests/test_batchnorm.py \
+  tests/test_distributed.py >"$out/tests.txt" 2>&1 & pids+=($!)
+python3 -m pytest -q -p no:cacheprovider -rs tests/test_learner.py -k 'on_a_gpu' >"$out/tests_learner.txt" 2>&1 & pids+=($!)
+python3 -m pytest -q -p no:cacheprovider -rs -n 5 tests/test_notebooks.py \
+  -k '08_cnn or 08a_hooks_init or 08b_batchnorm or 09_fp16 or 12_distributed' >"$out/notebooks.txt" 2>&1 & pids+=($!)
+(train_checks 2>&1 | grep -v '^W[0-9]' >"$out/train.txt") & pids+=($!)
+for p in "${pids[@]}"; do wait "$p" || status=1; done
+for f in tests tests_learner notebooks train; do echo "== $f"; tail -n 25 "$out/$f.txt"; done
 exit $status
