@@ -167,3 +167,21 @@ def test_peers_that_cannot_run_are_reported(monkeypatch):
     sums = out['plain_pytorch']()  # summed losses and counts of right answers, training then validation
     assert sums[0] > 0 and sums[2] > 0
     assert 0 <= sums[1] <= 96 and 0 <= sums[3] <= 40 and sums[1] == sums[1].round() and sums[3] == sums[3].round()
+
+
+# ---------------------------------------------------------------- overhead_counts.py
+
+def test_overhead_counts_arithmetic(tmp_path):
+    "A cachegrind file's totals are read by event name; an epoch is two runs less one; the cycle model weighs each event."
+    import overhead_counts
+    out = tmp_path / 'cachegrind.out'
+    out.write_text('desc: I1 cache: 32768 B, 64 B, 8-way associative\ncmd: python x\n'
+                   'events: Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw Bc Bcm Bi Bim\nfl=a.c\nfn=f\n1 5 0 0 0 0 0 0 0 0 0 0 0 0\n'
+                   'summary: 1000 10 1 400 20 2 100 5 1 90 4 10 3\n')
+    once = overhead_counts.summary(out)
+    ft.test_eq((once['Ir'], once['D1mw'], once['Bim']), (1000, 5, 3))
+    twice = {k: 3 * v for k, v in once.items()}
+    ft.test_eq(overhead_counts.per_epoch(once, twice), {k: 2 * v for k, v in once.items()})
+    ft.test_eq(overhead_counts.est_cycles(once), 1000 + 12 * (10 + 20 + 5) + 150 * (1 + 2 + 1) + 15 * (4 + 3))
+    out.write_text('events: Ir\n')
+    with pytest.raises(ValueError, match='not a cachegrind output file'): overhead_counts.summary(out)

@@ -1,0 +1,118 @@
+"""The training loop's overhead counted, not timed: bench_overhead.py's MLP work (`learn.fit_one_cycle(1)` with
+`metrics=[accuracy]` against the hand loop) run under valgrind's cachegrind, which simulates the CPU's caches and
+branch predictors and counts, deterministically, the instructions executed, the level-1 instruction and data
+cache misses, the last-level misses and the mispredicted branches. Where a 2-core VM's timings drift by 10% between
+rounds, these counts do not move by 0.1% between runs, so they show a change of the per-batch path that timing
+there cannot.
+
+Each contender runs in its own process, once and twice (one epoch each time): the difference is one epoch's
+counts, without the imports and the data loading. Hash randomisation, address-space randomisation (setarch -R,
+where it exists) and the BLAS/OpenMP thread pools (one thread) are fixed so that two runs execute the same
+instructions at the same addresses. With --parts it also counts ours with
+the per-batch handlers of bench_overhead's --bounds doing nothing (the schedulers, the Recorder and the non-finite
+check): what each part costs.
+
+Cycles are not counted; `est_cycles` is a rough model of them, stated so it can be checked against a timing:
+one per instruction, 12 per level-1 miss, 150 per last-level miss, 15 per mispredicted branch. On the machines
+measured so far, the timed overhead has been about the size this model gives, and several times the count of
+instructions alone: most of a Python call's cost between two tensor operations is the caches and predictors it
+finds cold.
+
+Needs valgrind (`apt-get install -y valgrind`). Under it a run is 50-100 times slower: 5-13 minutes of one core
+per process, four processes (ten with --parts), two at a time: about 20 minutes on two cores.
+
+    python bench/overhead_counts.py [--parts] [--jobs 2]
+"""
+import argparse
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PARTS = {'without_schedulers': ['schedulers'], 'without_recorder_and_nan_check': ['recorder_and_nan_check'],
+         'without_all_three': ['schedulers', 'recorder_and_nan_check']}
+WEIGHTS = {'Ir': 1, 'I1mr': 12, 'D1mr': 12, 'D1mw': 12, 'ILmr': 150, 'DLmr': 150, 'DLmw': 150, 'Bcm': 15, 'Bim': 15}
+ENV = {'PYTHONHASHSEED': '0', 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1', 'OPENBLAS_NUM_THREADS': '1'}
+
+
+def child(contender: str, runs: int) -> None:
+    "Run `contender` ('hand', 'ours' or a key of PARTS) `runs` times, in this process (the one valgrind watches)."
+    sys.path.insert(0, str(HERE))
+    import bench_overhead as b
+    fn = {'hand': lambda: b.by_hand('mlp'), 'ours': lambda: b.ours('mlp')}.get(contender)
+    if fn is None: fn = b.ours_without(*PARTS[contender])
+    for _ in range(runs): fn()
+
+
+def summary(path: str | os.PathLike) -> dict[str, int]:
+    "The totals of a cachegrind output file: {event: count}, from its 'events:' and 'summary:' lines."
+    events = totals = None
+    for line in Path(path).read_text().splitlines():
+        if line.startswith('events:'): events = line.split()[1:]
+        elif line.startswith('summary:'): totals = [int(v) for v in line.split()[1:]]
+    if events is None or totals is None or len(events) != len(totals):
+        raise ValueError(f"{path} is not a cachegrind output file: no matching 'events:' and 'summary:' lines")
+    return dict(zip(events, totals))
+
+
+def est_cycles(counts: dict[str, int]) -> float:
+    "The rough cycle model of the docstring, over the events `counts` has."
+    return sum(WEIGHTS[k] * v for k, v in counts.items() if k in WEIGHTS)
+
+
+def per_epoch(once: dict[str, int], twice: dict[str, int]) -> dict[str, int]:
+    "One epoch's counts: those of two runs less those of one."
+    return {k: twice[k] - once[k] for k in twice}
+
+
+def counted(contender: str, runs: int, out_dir: str) -> dict[str, int]:
+    "Run `contender` `runs` times under cachegrind, in a fresh process; its totals."
+    out = Path(out_dir) / f'{contender}.{runs}'
+    no_aslr = ['setarch', platform.machine(), '-R'] if shutil.which('setarch') else []
+    cmd = [*no_aslr, 'valgrind', '--tool=cachegrind', '--cache-sim=yes', '--branch-sim=yes', f'--cachegrind-out-file={out}',
+           sys.executable, __file__, '--child', contender, str(runs)]
+    res = subprocess.run(cmd, env={**os.environ, **ENV}, capture_output=True, text=True)
+    if res.returncode != 0: raise RuntimeError(f"{contender} x{runs} failed under valgrind:\n{res.stderr[-2000:]}")
+    return summary(out)
+
+
+def line(name: str, epoch: dict[str, int], n_batches: int) -> str:
+    "One contender's epoch: instructions and misses per training batch, and the cycle estimate."
+    mis = epoch['Bcm'] + epoch['Bim']
+    return (f"{name}: {epoch['Ir'] / n_batches:,.0f} instructions, {epoch['I1mr'] / n_batches:,.0f} I1 misses, "
+            f"{(epoch['D1mr'] + epoch['D1mw']) / n_batches:,.0f} D1 misses, {mis / n_batches:,.0f} mispredicted branches, "
+            f"{est_cycles(epoch) / n_batches:,.0f} est_cycles per training batch")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--parts', action='store_true', help="also count ours without each part of --bounds")
+    ap.add_argument('--jobs', type=int, default=2, help='processes under valgrind at once')
+    ap.add_argument('--child', nargs=2, metavar=('CONTENDER', 'RUNS'), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child: return child(args.child[0], int(args.child[1]))
+    if shutil.which('valgrind') is None: raise SystemExit('valgrind is not installed: apt-get install -y valgrind')
+
+    contenders = ['hand', 'ours'] + (list(PARTS) if args.parts else [])
+    with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(args.jobs) as pool:
+        jobs = {(c, r): pool.submit(counted, c, r, d) for c in contenders for r in (1, 2)}
+        epochs = {c: per_epoch(jobs[c, 1].result(), jobs[c, 2].result()) for c in contenders}
+    sys.path.insert(0, str(HERE))
+    from bench_overhead import N_BATCHES, data_name
+    print(f'data: {data_name}, {N_BATCHES} training batches an epoch (the per-batch figures divide by it)')
+    for c in contenders: print(line(c, epochs[c], N_BATCHES))
+    hand, ours = epochs['hand'], epochs['ours']
+    print(f"ours/hand: instructions {ours['Ir'] / hand['Ir']:.3f}, est_cycles {est_cycles(ours) / est_cycles(hand):.3f}")
+    for c in contenders[2:]:
+        saved = est_cycles(ours) - est_cycles(epochs[c])
+        print(f"{c}: saves {(ours['Ir'] - epochs[c]['Ir']) / N_BATCHES:,.0f} instructions and {saved / N_BATCHES:,.0f} "
+              f"est_cycles a batch, {saved / (est_cycles(ours) - est_cycles(hand)):.0%} of ours' overhead")
+
+
+if __name__ == '__main__':
+    main()
