@@ -34,18 +34,21 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PARTS = {'without_schedulers': ['schedulers'], 'without_recorder_and_nan_check': ['recorder_and_nan_check'],
-         'without_all_three': ['schedulers', 'recorder_and_nan_check']}
 WEIGHTS = {'Ir': 1, 'I1mr': 12, 'D1mr': 12, 'D1mw': 12, 'Bcm': 15, 'Bim': 15}
 ENV = {'PYTHONHASHSEED': '0', 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1', 'OPENBLAS_NUM_THREADS': '1'}
 
 
+def parts(bounds: dict) -> dict[str, list[str]]:
+    "The contenders of --parts: ours without each part of bench_overhead's BOUNDS, then without all of them."
+    return {**{f'without_{p}': [p] for p in bounds}, 'without_all_three': list(bounds)}
+
+
 def child(contender: str, runs: int) -> None:
-    "Run `contender` ('hand', 'ours' or a key of PARTS) `runs` times, in this process (the one valgrind watches)."
+    "Run `contender` ('hand', 'ours' or a key of `parts`) `runs` times, in this process (the one valgrind watches)."
     sys.path.insert(0, str(HERE))
     import bench_overhead as b
     fn = {'hand': lambda: b.by_hand('mlp'), 'ours': lambda: b.ours('mlp')}.get(contender)
-    if fn is None: fn = b.ours_without(*PARTS[contender])
+    if fn is None: fn = b.ours_without(*parts(b.BOUNDS)[contender])
     for _ in range(runs): fn()
 
 
@@ -98,12 +101,12 @@ def main():
     if args.child: return child(args.child[0], int(args.child[1]))
     if shutil.which('valgrind') is None: raise SystemExit('valgrind is not installed: apt-get install -y valgrind')
 
-    contenders = ['hand', 'ours'] + (list(PARTS) if args.parts else [])
+    sys.path.insert(0, str(HERE))
+    from bench_overhead import BOUNDS, N_BATCHES, data_name
+    contenders = ['hand', 'ours'] + (list(parts(BOUNDS)) if args.parts else [])
     with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(args.jobs) as pool:
         jobs = {(c, r): pool.submit(counted, c, r, d) for c in contenders for r in (1, 2)}
         epochs = {c: per_epoch(jobs[c, 1].result(), jobs[c, 2].result()) for c in contenders}
-    sys.path.insert(0, str(HERE))
-    from bench_overhead import N_BATCHES, data_name
     print(f'data: {data_name}, {N_BATCHES} training batches an epoch (the per-batch figures divide by it)')
     for c in contenders: print(line(c, epochs[c], N_BATCHES))
     hand, ours = epochs['hand'], epochs['ours']
