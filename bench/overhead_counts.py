@@ -10,7 +10,9 @@ counts, without the imports and the data loading. Hash randomisation, address-sp
 where it exists) and the BLAS/OpenMP thread pools (one thread) are fixed so that two runs execute the same
 instructions at the same addresses. With --parts it also counts ours with
 the per-batch handlers of bench_overhead's --bounds doing nothing (the schedulers, the Recorder and the non-finite
-check): what each part costs.
+check): what each part costs. With --functions N it prints where ours' extra cycles go: ours' epoch less the hand
+loop's, function by function (`file:function`, as cachegrind names them; `???` for code without symbols), the N
+that cost most, per training batch.
 
 Cycles are not counted; `est_cycles` is a rough model of them: one per instruction, 12 per level-1 miss, 15 per
 mispredicted branch. Its ratio is what to read, not its cycles (a real core overlaps much of a miss): on the AMD
@@ -21,7 +23,7 @@ warns so), whose misses move with the memory layout more than with the code.
 Needs valgrind (`apt-get install -y valgrind`). Under it a run is 50-100 times slower: 5-13 minutes of one core
 per process, four processes (ten with --parts), two at a time: about 20 minutes on two cores.
 
-    python bench/overhead_counts.py [--parts] [--jobs 2]
+    python bench/overhead_counts.py [--parts] [--functions 25] [--jobs 2]
 """
 import argparse
 import os
@@ -63,6 +65,31 @@ def summary(path: str | os.PathLike) -> dict[str, int]:
     return dict(zip(events, totals))
 
 
+def functions(path: str | os.PathLike) -> dict[str, dict[str, int]]:
+    "The counts of a cachegrind output file by function: {'file:function': {event: count}} (the file without its folders)."
+    events, fl, fn, out = None, '???', '???', {}
+    with open(path) as f:
+        for line in f:
+            if line[:1].isdigit():  # a source line of the current function: its number, then its counts (trailing zeros left out)
+                if events is None: break
+                counts = out.setdefault(f'{fl}:{fn}', [0] * len(events))
+                for i, v in enumerate(line.split()[1:]): counts[i] += int(v)
+            elif line.startswith('fn='): fn = line[3:].strip()
+            elif line.startswith('fl='): fl = os.path.basename(line[3:].strip())
+            elif line.startswith('events:'): events = line.split()[1:]
+    if events is None: raise ValueError(f"{path} is not a cachegrind output file: no 'events:' line before its counts")
+    return {name: dict(zip(events, counts)) for name, counts in out.items()}
+
+
+def overhead_by_function(hand_once: dict, hand_twice: dict, ours_once: dict, ours_twice: dict) -> dict[str, dict[str, int]]:
+    "Ours' epoch less the hand loop's, function by function, from the four processes' `functions`."
+    names = set(hand_once) | set(hand_twice) | set(ours_once) | set(ours_twice)
+    events = next(iter(ours_twice.values())).keys()
+    get = lambda d, name, e: d.get(name, {}).get(e, 0)
+    return {name: {e: get(ours_twice, name, e) - get(ours_once, name, e) - get(hand_twice, name, e) + get(hand_once, name, e)
+                   for e in events} for name in names}
+
+
 def est_cycles(counts: dict[str, int]) -> float:
     "The rough cycle model of the docstring, over the events `counts` has."
     return sum(WEIGHTS[k] * v for k, v in counts.items() if k in WEIGHTS)
@@ -74,7 +101,7 @@ def per_epoch(once: dict[str, int], twice: dict[str, int]) -> dict[str, int]:
 
 
 def counted(contender: str, runs: int, out_dir: str) -> dict[str, int]:
-    "Run `contender` `runs` times under cachegrind, in a fresh process; its totals."
+    "Run `contender` `runs` times under cachegrind, in a fresh process (its output file: `out_dir`/`contender`.`runs`); its totals."
     out = Path(out_dir) / f'{contender}.{runs}'
     no_aslr = ['setarch', platform.machine(), '-R'] if shutil.which('setarch') else []
     cmd = [*no_aslr, 'valgrind', '--tool=cachegrind', '--cache-sim=yes', '--branch-sim=yes', f'--cachegrind-out-file={out}',
@@ -95,6 +122,7 @@ def line(name: str, epoch: dict[str, int], n_batches: int) -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--parts', action='store_true', help="also count ours without each part of --bounds")
+    ap.add_argument('--functions', type=int, default=0, metavar='N', help="also print the N functions where ours' extra cycles go")
     ap.add_argument('--jobs', type=int, default=2, help='processes under valgrind at once')
     ap.add_argument('--child', nargs=2, metavar=('CONTENDER', 'RUNS'), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -107,6 +135,7 @@ def main():
     with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(args.jobs) as pool:
         jobs = {(c, r): pool.submit(counted, c, r, d) for c in contenders for r in (1, 2)}
         epochs = {c: per_epoch(jobs[c, 1].result(), jobs[c, 2].result()) for c in contenders}
+        by_function = args.functions and overhead_by_function(*(functions(Path(d) / f'{c}.{r}') for c in ('hand', 'ours') for r in (1, 2)))
     print(f'data: {data_name}, {N_BATCHES} training batches an epoch (the per-batch figures divide by it)')
     for c in contenders: print(line(c, epochs[c], N_BATCHES))
     hand, ours = epochs['hand'], epochs['ours']
@@ -115,6 +144,19 @@ def main():
         saved = est_cycles(ours) - est_cycles(epochs[c])
         print(f"{c}: saves {(ours['Ir'] - epochs[c]['Ir']) / N_BATCHES:,.0f} instructions and {saved / N_BATCHES:,.0f} "
               f"est_cycles a batch, {saved / (est_cycles(ours) - est_cycles(hand)):.0%} of ours' overhead")
+    if by_function: print_functions(by_function, args.functions, N_BATCHES)
+
+
+def print_functions(by_function: dict[str, dict[str, int]], n: int, n_batches: int) -> None:
+    "The `n` functions of `by_function` (ours less the hand loop) with the most est_cycles, per training batch, and the rest."
+    total = sum(est_cycles(c) for c in by_function.values())
+    rows = sorted(by_function.items(), key=lambda kv: -est_cycles(kv[1]))
+    print(f"where ours' extra est_cycles go, by function ({total / n_batches:,.0f} a training batch in all):")
+    print(f"{'est_cycles':>10} {'instr.':>8} {'I1 miss':>7} {'D1 miss':>7} {'mispred.':>8} {'share':>6}  file:function")
+    for name, c in [*rows[:n], ('(all other functions)', {e: sum(r[e] for _, r in rows[n:]) for e in rows[0][1]})]:
+        print(f"{est_cycles(c) / n_batches:>10,.0f} {c['Ir'] / n_batches:>8,.0f} {c['I1mr'] / n_batches:>7,.0f} "
+              f"{(c['D1mr'] + c['D1mw']) / n_batches:>7,.0f} {(c['Bcm'] + c['Bim']) / n_batches:>8,.0f} "
+              f"{est_cycles(c) / total:>6.1%}  {name}")
 
 
 if __name__ == '__main__':

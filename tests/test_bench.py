@@ -185,3 +185,19 @@ def test_overhead_counts_arithmetic(tmp_path):
     ft.test_eq(overhead_counts.est_cycles(once), 1000 + 12 * (10 + 20 + 5) + 15 * (4 + 3))  # last-level misses left out
     out.write_text('events: Ir\n')
     with pytest.raises(ValueError, match='not a cachegrind output file'): overhead_counts.summary(out)
+
+
+def test_overhead_counts_by_function(tmp_path):
+    "Counts are summed by function (file without folders), short lines padded with zeros; the overhead is ours' epoch less the hand loop's."
+    import overhead_counts
+    out = tmp_path / 'cachegrind.out'
+    out.write_text('events: Ir I1mr Bcm\nfl=/src/a.c\nfn=f\n1 5 1\n2 7\nfn=g\n3 2 0 4\nfl=???\nfn=???\n0 9 1 1\n'
+                   'fl=/other/a.c\nfn=f\n4 1\nsummary: 24 2 5\n')
+    ft.test_eq(overhead_counts.functions(out), {'a.c:f': {'Ir': 13, 'I1mr': 1, 'Bcm': 0}, 'a.c:g': {'Ir': 2, 'I1mr': 0, 'Bcm': 4},
+                                                '???:???': {'Ir': 9, 'I1mr': 1, 'Bcm': 1}})
+    c = lambda ir: {'Ir': ir, 'I1mr': 0, 'Bcm': 0}
+    hand1, hand2 = {'f': c(10)}, {'f': c(15), 'g': c(1)}  # the hand loop's epoch: f 5, g 1
+    ours1, ours2 = {'f': c(11), 'h': c(3)}, {'f': c(19), 'h': c(5), 'g': c(1)}  # ours': f 8, h 2, g 1
+    ft.test_eq(overhead_counts.overhead_by_function(hand1, hand2, ours1, ours2), {'f': c(3), 'g': c(0), 'h': c(2)})
+    out.write_text('fn=f\n1 5\n')
+    with pytest.raises(ValueError, match='not a cachegrind output file'): overhead_counts.functions(out)
