@@ -83,11 +83,13 @@ def functions(path: str | os.PathLike) -> dict[str, dict[str, int]]:
 
 def overhead_by_function(hand_once: dict, hand_twice: dict, ours_once: dict, ours_twice: dict) -> dict[str, dict[str, int]]:
     "Ours' epoch less the hand loop's, function by function, from the four processes' `functions`."
-    names = set(hand_once) | set(hand_twice) | set(ours_once) | set(ours_twice)
-    events = next(iter(ours_twice.values())).keys()
-    get = lambda d, name, e: d.get(name, {}).get(e, 0)
-    return {name: {e: get(ours_twice, name, e) - get(ours_once, name, e) - get(hand_twice, name, e) + get(hand_once, name, e)
-                   for e in events} for name in names}
+    zero = dict.fromkeys(next(iter(ours_twice.values())), 0)  # a function one process never ran
+
+    def extra(name: str) -> dict[str, int]:
+        ours = per_epoch(ours_once.get(name, zero), ours_twice.get(name, zero))
+        hand = per_epoch(hand_once.get(name, zero), hand_twice.get(name, zero))
+        return {e: ours[e] - hand[e] for e in zero}
+    return {name: extra(name) for name in set(hand_once) | set(hand_twice) | set(ours_once) | set(ours_twice)}
 
 
 def est_cycles(counts: dict[str, int]) -> float:
