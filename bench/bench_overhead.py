@@ -10,6 +10,12 @@ groups), and the same sums (loss and accuracy over the training and the validati
 the Learner's table shows them). Before timing, the script checks that both end with bit-identical weights and
 statistics.
 
+The Learner also does work the hand loop leaves out: its Recorder keeps the lr and the loss of every training
+batch, and `fit` stops at a training loss that is not finite. The goals are against the hand loop as it is; a
+second hand loop that does that work too (`by_hand(record=True)`, checked to keep the same lrs and losses as the
+Recorder) is timed beside it, so that `mlp_hand_recording_ratio` gives what that work costs written by hand and
+`mlp_ours_vs_recording_hand_ratio` what the callbacks cost beyond it.
+
 torch runs on one thread. Ours and the hand loop alternate, many rounds, in one process; each line gives the
 median and the spread (min-max) over the rounds of the ratio ours / hand. `overhead_us_per_batch` is the
 difference of the medians over the training batches. Where installed (`pip install -e ".[peers]"`), plain
@@ -32,6 +38,7 @@ rounds of the per-round difference).
 import argparse
 import contextlib
 import io
+import math
 import statistics
 import time
 import timeit
@@ -97,13 +104,17 @@ def one_cycle_values(arch: str) -> list:
     return values
 
 
-def by_hand(arch: str, call=None):
-    "The loop a careful engineer writes: one-cycle values set per batch, loss and accuracy summed on the way (`call`: see --python-cost)."
+def by_hand(arch: str, call=None, record: bool = False):
+    """The loop a careful engineer writes: one-cycle values set per batch, loss and accuracy summed on the way (`call`: see
+    --python-cost). With `record`, it also does what the Learner's Recorder and non-finite-loss check do at every
+    training batch: keep each group's lr and the loss, and stop at a loss that is not finite. Returns the model, the
+    four sums' averages, and what it recorded (the lrs of each group and the losses; None without `record`)."""
     model = MODELS[arch]()
     opt = SGD(model.parameters(), lr=LR[arch], momentum=MOMENTUM)
     train_dl, valid_dl = loaders()
     tfm = to_images if arch == 'cnn' else None
     train_loss, train_correct, valid_loss, valid_correct = (torch.zeros(()) for _ in range(4))
+    lrs, losses = [[] for _ in opt.param_groups], []
     model.train()
     for (xb, yb), (lr, mom) in zip(train_dl, one_cycle_values(arch)):  # computed in the run: ours computes it in the fit
         for pg in opt.param_groups: pg['lr'], pg['momentum'] = lr, mom
@@ -113,6 +124,10 @@ def by_hand(arch: str, call=None):
         loss = F.cross_entropy(pred, yb)
         train_loss.add_(loss.detach(), alpha=len(xb))
         train_correct.add_((pred.argmax(1) == yb).sum())
+        if record:
+            for group_lrs, pg in zip(lrs, opt.param_groups): group_lrs.append(pg['lr'])
+            losses.append(loss.detach())
+            if not math.isfinite(loss.item()): raise FloatingPointError(f'training loss {loss.item()}')
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -125,11 +140,11 @@ def by_hand(arch: str, call=None):
             valid_correct.add_((pred.argmax(1) == yb).sum())
     n, nv = len(train_ds), len(valid_ds)
     stats = [float(train_loss) / n, float(train_correct) / n, float(valid_loss) / nv, float(valid_correct) / nv]
-    return model, stats
+    return model, stats, ((lrs, losses) if record else None)
 
 
 def ours(arch: str, display: str = 'off'):
-    "`learn.fit_one_cycle(1)` as a user writes it, with the progress display `display`."
+    "`learn.fit_one_cycle(1)` as a user writes it, with the progress display `display`: the model, the table's sums, what the Recorder kept."
     cbs = [BatchTransformXCallback(to_images)] if arch == 'cnn' else []
     learn = Learner(DataBunch(*loaders(), c=10), MODELS[arch](), lr=LR[arch], metrics=[accuracy],
                     opt_func=partial(SGD, momentum=MOMENTUM), cbs=cbs)
@@ -137,7 +152,9 @@ def ours(arch: str, display: str = 'off'):
     with contextlib.redirect_stdout(io.StringIO()):  # the table (and the bar) are drawn, into a buffer
         learn.fit_one_cycle(1)
     row = learn.run.avg_stats.history[-1]
-    return learn.model, [row['train_loss'], row['train_accuracy'], row['valid_loss'], row['valid_accuracy']]
+    recorder = learn.run.recorder
+    return (learn.model, [row['train_loss'], row['train_accuracy'], row['valid_loss'], row['valid_accuracy']],
+            (recorder.lrs, recorder.losses))
 
 
 # the per-batch handlers --bounds removes, by the part of the work they do
@@ -203,11 +220,11 @@ def rounds_of(fns: dict, rounds: int) -> dict:
     return times
 
 
-def report_ratio(prefix: str, times: list, ref: list, goal: float | None = None) -> None:
-    "Median time, the ratio of medians to `ref`, the spread of the per-round ratios, and the overhead per batch."
+def report_ratio(prefix: str, times: list, ref: list, goal: float | None = None, epoch: bool = True) -> None:
+    "Median time (unless not `epoch`), the ratio of medians to `ref`, the spread of the per-round ratios, and the overhead per batch."
     med, med_ref = statistics.median(times), statistics.median(ref)
     ratios = [t / r for t, r in zip(times, ref)]
-    report(f'{prefix}_epoch_s', med)
+    if epoch: report(f'{prefix}_epoch_s', med)
     report(f'{prefix}_ratio', med / med_ref, '.3f')
     report(f'{prefix}_ratio_spread', f'{min(ratios):.3f}-{max(ratios):.3f}')
     report(f'{prefix}_overhead_us_per_batch', (med - med_ref) / N_BATCHES * 1e6, '.1f')
@@ -215,14 +232,19 @@ def report_ratio(prefix: str, times: list, ref: list, goal: float | None = None)
 
 
 def same_work(arch: str) -> None:
-    "Check that ours and the hand loop computed the same thing, to the last bit, before timing them."
-    m1, s1 = ours(arch)
-    m2, s2 = by_hand(arch)
-    same_weights = all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values()))
+    "Check that ours and the hand loop (without and with recording) computed the same thing, to the last bit, before timing them."
+    m1, s1, (lrs1, losses1) = ours(arch)
+    m2, s2, _ = by_hand(arch)
+    m3, s3, (lrs3, losses3) = by_hand(arch, record=True)
+    same_weights = all(torch.equal(a, b) and torch.equal(a, c)
+                       for a, b, c in zip(m1.state_dict().values(), m2.state_dict().values(), m3.state_dict().values()))
+    same_recording = lrs1 == lrs3 and len(losses1) == len(losses3) and torch.equal(torch.stack(losses1), torch.stack(losses3))
     report(f'{arch}_same_weights', same_weights)
-    report(f'{arch}_same_stats', s1 == s2)
+    report(f'{arch}_same_stats', s1 == s2 == s3)
+    report(f'{arch}_same_recording', same_recording)
     report(f'{arch}_stats', ', '.join(f'{v:.4f}' for v in s1) + ' (train loss, train acc, valid loss, valid acc)')
-    if not (same_weights and s1 == s2): raise SystemExit(f'{arch}: ours and the hand loop did not do the same work')
+    if not (same_weights and s1 == s2 == s3 and same_recording):
+        raise SystemExit(f'{arch}: ours and the hand loop did not do the same work')
 
 
 def main():
@@ -242,10 +264,13 @@ def main():
     for arch in archs: same_work(arch)
 
     t = rounds_of({'hand': partial(by_hand, 'mlp'), 'ours': partial(ours, 'mlp'),
-                   'console': partial(ours, 'mlp', 'console')}, args.rounds)
+                   'console': partial(ours, 'mlp', 'console'), 'recording': partial(by_hand, 'mlp', record=True)}, args.rounds)
     report('mlp_hand_epoch_s', statistics.median(t['hand']))
     report_ratio('mlp_ours', t['ours'], t['hand'], 1.05)
     report_ratio('mlp_console_bar', t['console'], t['hand'], 1.07)
+    # not the goal's loop: the hand loop that also keeps the lrs and losses and checks each loss, as ours does
+    report_ratio('mlp_hand_recording', t['recording'], t['hand'])
+    report_ratio('mlp_ours_vs_recording_hand', t['ours'], t['recording'], epoch=False)  # ours' epoch: above
     if args.bounds:  # not the same work: bounds on what a redesign of each part could save
         t = rounds_of({'hand': partial(by_hand, 'mlp'), 'ours': partial(ours, 'mlp'),
                        'schedulers': ours_without('schedulers'), 'recorder_and_nan_check': ours_without('recorder_and_nan_check'),

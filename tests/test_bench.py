@@ -110,7 +110,7 @@ def test_same_work_mlp(bench_overhead, capsys):
     "fit_one_cycle and the hand loop end with the same weights and sums, to the last bit; one lr off at one batch is caught."
     bench_overhead.same_work('mlp')
     lines = reported(capsys.readouterr().out)
-    ft.test_eq((lines['mlp_same_weights'], lines['mlp_same_stats']), ('True', 'True'))
+    ft.test_eq((lines['mlp_same_weights'], lines['mlp_same_stats'], lines['mlp_same_recording']), ('True', 'True', 'True'))
     exact = bench_overhead.one_cycle_values
 
     def one_lr_off(arch):
@@ -121,6 +121,27 @@ def test_same_work_mlp(bench_overhead, capsys):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(bench_overhead, 'one_cycle_values', one_lr_off)
         with pytest.raises(SystemExit, match='did not do the same work'): bench_overhead.same_work('mlp')
+    from exp.anneal import Recorder
+    with bench_overhead.without([(Recorder, 'after_loss')]):  # the same run, but the Recorder keeps nothing
+        with pytest.raises(SystemExit, match='did not do the same work'): bench_overhead.same_work('mlp')
+    lines = reported(capsys.readouterr().out)
+    ft.test_eq((lines['mlp_same_weights'], lines['mlp_same_stats'], lines['mlp_same_recording']), ('True', 'True', 'False'))
+
+
+@pytest.mark.slow
+def test_hand_loop_records_as_the_learner_does(bench_overhead):
+    "by_hand(record=True) keeps an lr per group and the loss of each training batch, and stops at a loss that is not finite."
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench_overhead, 'train_ds', bench_overhead.Dataset(bench_overhead.x[:640], bench_overhead.y[:640]))
+        mp.setattr(bench_overhead, 'valid_ds', bench_overhead.Dataset(bench_overhead.xv[:256], bench_overhead.yv[:256]))
+        _, _, (lrs, losses) = bench_overhead.by_hand('mlp', record=True)
+        ft.test_eq((len(lrs), len(lrs[0]), len(losses)), (1, 10, 10))
+        assert not any(l.requires_grad for l in losses)
+        ft.test_eq(bench_overhead.by_hand('mlp')[2], None)
+        bad = bench_overhead.x[:640].clone()
+        bad[200] = float('nan')  # in the fourth batch of the sampler's order, or a later one
+        mp.setattr(bench_overhead, 'train_ds', bench_overhead.Dataset(bad, bench_overhead.y[:640]))
+        with pytest.raises(FloatingPointError, match='training loss nan'): bench_overhead.by_hand('mlp', record=True)
 
 
 @pytest.mark.slow
@@ -133,8 +154,8 @@ def test_bounds_remove_the_handlers_and_put_them_back(bench_overhead):
     ft.test_eq(ParamScheduler.begin_batch, handler)
     with pytest.raises(KeyError), bench_overhead.without(bench_overhead.BOUNDS['schedulers']): raise KeyError('inside')
     ft.test_eq(ParamScheduler.begin_batch, handler)
-    model, _ = bench_overhead.ours_without('schedulers', 'recorder_and_nan_check')()
-    model2, _ = bench_overhead.ours('mlp')
+    model, *_ = bench_overhead.ours_without('schedulers', 'recorder_and_nan_check')()
+    model2, *_ = bench_overhead.ours('mlp')
     assert not all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))  # another lr: another run
 
 
