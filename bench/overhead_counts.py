@@ -138,8 +138,8 @@ def main():
 
     sys.path.insert(0, str(HERE))
     from bench_overhead import BOUNDS, N_BATCHES, data_name
-    extra = (['hand_recording'] if args.recording else []) + (list(parts(BOUNDS)) if args.parts else [])
-    contenders = ['hand', 'ours', *extra]
+    part_names = list(parts(BOUNDS)) if args.parts else []
+    contenders = ['hand', 'ours', *(['hand_recording'] if args.recording else []), *part_names]
     with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(args.jobs) as pool:
         jobs = {(c, r): pool.submit(counted, c, r, d) for c in contenders for r in (1, 2)}
         epochs = {c: per_epoch(jobs[c, 1].result(), jobs[c, 2].result()) for c in contenders}
@@ -152,7 +152,7 @@ def main():
         rec = epochs['hand_recording']
         print(f"hand_recording/hand: instructions {rec['Ir'] / hand['Ir']:.3f}, est_cycles {est_cycles(rec) / est_cycles(hand):.3f}")
         print(f"ours/hand_recording: instructions {ours['Ir'] / rec['Ir']:.3f}, est_cycles {est_cycles(ours) / est_cycles(rec):.3f}")
-    for c in contenders[2 + args.recording:]:
+    for c in part_names:
         saved = est_cycles(ours) - est_cycles(epochs[c])
         print(f"{c}: saves {(ours['Ir'] - epochs[c]['Ir']) / N_BATCHES:,.0f} instructions and {saved / N_BATCHES:,.0f} "
               f"est_cycles a batch, {saved / (est_cycles(ours) - est_cycles(hand)):.0%} of ours' overhead")

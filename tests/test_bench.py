@@ -139,7 +139,7 @@ def test_hand_loop_records_as_the_learner_does(bench_overhead):
         assert not any(l.requires_grad for l in losses)
         ft.test_eq(bench_overhead.by_hand('mlp')[2], None)
         bad = bench_overhead.x[:640].clone()
-        bad[200] = float('nan')  # in the fourth batch of the sampler's order, or a later one
+        bad[200] = float('nan')  # in one of the ten training batches, wherever the shuffle puts it
         mp.setattr(bench_overhead, 'train_ds', bench_overhead.Dataset(bad, bench_overhead.y[:640]))
         with pytest.raises(FloatingPointError, match='training loss nan'): bench_overhead.by_hand('mlp', record=True)
 
