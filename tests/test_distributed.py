@@ -2,9 +2,11 @@
 multi-process runs (torchrun, gloo on the CPU) against a single process over the same global batches."""
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -250,6 +252,33 @@ def test_leaving_the_group_ends_the_gloo_threads(no_torchrun_env):
     joined, left = (line for line in proc.stdout.splitlines() if line.startswith(('joined:', 'left:')))
     assert 'gloo' in joined, joined  # the check sees gloo's threads while the group exists
     assert 'gloo' not in left, left
+
+
+THREADS_LEFT = """
+import os
+print('left:', sorted(open(f'/proc/self/task/{t}/comm').read().strip() for t in os.listdir('/proc/self/task')))
+"""
+
+
+def notebook_scripts(name: str) -> dict[str, str]:
+    "The scripts a notebook writes with `script('''...''', 'name.py')`, by name, dedented as it writes them."
+    cells = json.loads((Path(__file__).parents[1] / 'nbs' / name).read_text())['cells']
+    code = '\n'.join(''.join(c['source']) for c in cells if c['cell_type'] == 'code')
+    return {m[2]: textwrap.dedent(m[1]) for m in re.finditer(r"script\('''(.*?)''', '(\w+\.py)'\)", code, re.S)}
+
+
+@pytest.mark.skipif(not Path('/proc/self/task').is_dir(), reason="lists the process's threads from Linux's /proc")
+def test_the_lessons_plain_scripts_end_their_gloo_threads(tmp_path, no_torchrun_env):
+    "Notebook 12's plain-torch scripts destroy their group for good: gloo's threads left at exit could abort it (SIGABRT)."
+    scripts = {k: v for k, v in notebook_scripts('12_distributed.ipynb').items() if 'dist.destroy_process_group()' in v}
+    assert {'hello.py', 'by_hand.py', 'ddp.py'} <= set(scripts), sorted(scripts)
+    for name, code in scripts.items():
+        (tmp_path / name).write_text(code + THREADS_LEFT)
+        out = launch(tmp_path / name, nproc=2, env=CPU_ONLY).stdout
+        for rank in (0, 1):
+            left = [line for line in rank_lines(out, rank) if line.startswith('left:')]
+            ft.test_eq(len(left), 1)
+            assert 'gloo' not in left[0], (name, left[0])  # the threads are named 'pt_gloo_runloop', 'gloo_tcp_loop'
 
 
 SYNC = """

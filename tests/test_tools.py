@@ -1,5 +1,6 @@
 """The notebook tools: the course order, the source fingerprint, and the outputs refresh on small notebooks."""
 import json
+import sysconfig
 import tempfile
 
 import nbformat
@@ -37,6 +38,11 @@ def test_scrub_text(monkeypatch):
             f"cache /somewhere/cache/mnist, code {outputs.ROOT}/nbs, magic 0x01000803")
     ft.test_eq(outputs.scrub_text(text, subs),
             '<exp.callbacks.Runner> checkpoint <tmp>/resume.pth, cache $EXP_DATA/mnist, code <repo>/nbs, magic 0x01000803')
+    # torch's log lines: the same source file, whichever Python ran it
+    purelib = sysconfig.get_paths()['purelib']
+    for log in ('E1204 api.py site-packages/torch/distributed/run.py:1002] failed', 'E1204 api.py torch/distributed/run.py:1002] failed'):
+        ft.test_eq(outputs.scrub_text(log, subs), 'E1204 api.py torch/distributed/run.py:1002] failed')
+    ft.test_eq(outputs.scrub_text(f'{purelib}/torch/x.py', subs), '<site-packages>/torch/x.py')
 
 
 def _notebook(path, *sources):
