@@ -20,6 +20,7 @@ from exp.callbacks import DataBunch, Learner
 from exp.distributed import (ENV_VARS, BatchShareSampler, DistributedCallback, ShardedSampler, launch, rank_lines,
                              torchrun_env)
 from exp.minibatch import Dataset, Sampler, get_dls
+from tools.notebooks import NBS
 
 WORKER = Path(__file__).with_name('dist_worker.py')
 CPU_ONLY = {'CUDA_VISIBLE_DEVICES': ''}  # exp.train would take a GPU per process: two processes need two GPUs
@@ -262,7 +263,7 @@ print('left:', sorted(open(f'/proc/self/task/{t}/comm').read().strip() for t in 
 
 def notebook_scripts(name: str) -> dict[str, str]:
     "The scripts a notebook writes with `script('''...''', 'name.py')`, by name, dedented as it writes them."
-    cells = json.loads((Path(__file__).parents[1] / 'nbs' / name).read_text())['cells']
+    cells = json.loads((NBS / name).read_text(encoding='utf-8'))['cells']
     code = '\n'.join(''.join(c['source']) for c in cells if c['cell_type'] == 'code')
     return {m[2]: textwrap.dedent(m[1]) for m in re.finditer(r"script\('''(.*?)''', '(\w+\.py)'\)", code, re.S)}
 

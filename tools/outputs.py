@@ -54,7 +54,7 @@ def path_replacements() -> list[tuple[re.Pattern, str]]:
     subs += [(re.compile(re.escape(t) + r"/[^/\s'\"]+"), '<tmp>') for t in sorted(tmp)]  # a temporary folder, whole
     # torch's log lines name their source relative to an entry of sys.path: 'torch/...' from a virtual environment,
     # 'site-packages/torch/...' from a Python whose standard library folder holds its site-packages
-    return subs + [(re.compile(r"(?<![\w/.<-])site-packages/"), '')]
+    return subs + [(re.compile(r"(?<![\w/.-])site-packages/"), '')]
 
 
 def scrub_text(text: str, subs) -> str:
