@@ -18,9 +18,9 @@ Recorder) is timed beside it, so that `mlp_hand_recording_ratio` gives what that
 
 torch runs on one thread. Ours and the hand loop alternate, many rounds, in one process; each line gives the
 median and the spread (min-max) over the rounds of the ratio ours / hand. `overhead_us_per_batch` is the
-difference of the medians over the training batches. Where installed (`pip install -e ".[peers]"`), plain
-PyTorch (torch's DataLoader and OneCycleLR), Lightning and fastai train the same model on the same data,
-each as its documentation has it, against the same hand loop.
+difference of the medians over the training batches. Plain PyTorch (torch's DataLoader and OneCycleLR) and,
+where installed (`pip install torch==2.13.0 -e ".[peers]"`), Lightning and fastai train the same model on the
+same data, each as its documentation has it, against the same hand loop.
 
 With --bounds it also times the MLP with parts of the per-batch work removed (the two ParamSchedulers' writes,
 the Recorder and the non-finite-loss check, then all three): not the same work any more, but how far a

@@ -1,8 +1,9 @@
 """Other training loops on the work of bench_overhead.py: plain PyTorch (torch's DataLoader and OneCycleLR),
 Lightning and fastai, each written as its documentation has it: the MLP 784-50-10, bs 64, SGD with momentum
 0.9, one-cycle to lr 0.1 (their own one-cycle schedules, with their defaults where ours has no counterpart),
-loss and accuracy. Lightning and fastai are optional (`pip install -e ".[peers]"`): one that is missing, or
-fails to import, is reported with the reason and skipped."""
+loss and accuracy. Lightning and fastai are optional (`pip install torch==2.13.0 -e ".[peers]"`; the README's
+"The training loop's overhead" says more): one that is missing, or fails to import, is reported with the reason
+and skipped."""
 import logging
 import warnings
 
@@ -83,6 +84,7 @@ def lightning(x, y, xv, yv, bs, lr, moms, div, pct_start):
 
     logging.getLogger('lightning.pytorch').setLevel(logging.ERROR)
     warnings.filterwarnings('ignore', message='.*(num_workers|does not have many workers).*')
+    warnings.filterwarnings('ignore', message='.*isinstance\\(treespec, LeafSpec\\)', category=FutureWarning)  # Lightning's own use of a torch API
 
     def run():
         train_dl, valid_dl = _torch_loaders(x, y, xv, yv, bs)
