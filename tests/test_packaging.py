@@ -57,11 +57,18 @@ def built(tmp_path_factory):
     proc = subprocess.run([sys.executable, '-m', 'build', '--no-isolation', '--sdist', '--wheel', '--outdir', str(out),
                            str(src)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return next(out.glob('*.tar.gz')), next(out.glob('*.whl'))
+    return next(out.glob('*.tar.gz')), next(out.glob('*.whl')), proc.stdout + proc.stderr
+
+
+def test_the_build_draws_no_setuptools_warning(built):
+    "setuptools sets its warnings (an importable folder left out of the packages, a deprecated license field) between '!!' lines."
+    log = built[2]
+    banners = [i for i, line in enumerate(log.splitlines()) if line.strip() == '!!']
+    assert not banners, '\n'.join(log.splitlines()[banners[0]:banners[0] + 12])
 
 
 def test_the_sdist_and_the_wheel_carry_the_embedded_digits(built):
-    sdist, wheel = built
+    sdist, wheel, _ = built
     with tarfile.open(sdist) as tar:
         in_sdist = {Path(m.name).name: hashlib.sha256(tar.extractfile(m).read()).hexdigest()
                     for m in tar.getmembers() if m.isfile() and Path(m.name).parent.as_posix().endswith('/exp/mnist5k')}
