@@ -62,9 +62,9 @@ def built(tmp_path_factory):
 
 def test_the_build_draws_no_setuptools_warning(built):
     "setuptools sets its warnings (an importable folder left out of the packages, a deprecated license field) between '!!' lines."
-    log = built[2]
-    banners = [i for i, line in enumerate(log.splitlines()) if line.strip() == '!!']
-    assert not banners, '\n'.join(log.splitlines()[banners[0]:banners[0] + 12])
+    lines = built[2].splitlines()
+    banners = [i for i, line in enumerate(lines) if line.strip() == '!!']
+    assert not banners, '\n'.join(lines[banners[0]:banners[0] + 12])
 
 
 def test_the_sdist_and_the_wheel_carry_the_embedded_digits(built):
