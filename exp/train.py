@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 import traceback
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
@@ -41,8 +42,8 @@ try: import fcntl  # the claim on a run folder is a lock (flock) that the system
 except ImportError: fcntl = None  # Windows: msvcrt's locking instead
 
 # %% auto #0
-__all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'ONE_CYCLE', 'CHECKPOINT', 'RUN_OPTIONS', 'MAX_CLASSES', 'PARTIAL', 'TRACEBACK',
-           'TrainConfig', 'check_config', 'load_databunch', 'build_model', 'resolve_fp16', 'build_learner',
+__all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'ONE_CYCLE', 'CHECKPOINT', 'RUN_OPTIONS', 'MAX_CLASSES', 'PARTIAL', 'LOCK_GRACE',
+           'TRACEBACK', 'TrainConfig', 'check_config', 'load_databunch', 'build_model', 'resolve_fp16', 'build_learner',
            'partial_folder', 'check_out', 'RunFolderError', 'RunClaim', 'claim_run_folder', 'find_run',
            'read_run_config', 'resumed_config', 'Stopped', 'Trainer', 'make_parser', 'main', 'check_cycle_lrs',
            'check_partial_folder']
@@ -239,12 +240,23 @@ def _write_metrics(history: list[dict], path: Path) -> None:
 class RunFolderError(ValueError):
     "A run folder that cannot be claimed: another run holds it, or it cannot be created. Nothing was written."
 
-def _lock(fd: int) -> None:
+LOCK_GRACE = 0.5  # seconds a lock may stay taken and still be a look (`RunClaim.holder`), not an owner
+
+def _try_lock(fd: int) -> None:
     "Lock the open file `fd` for this process, or raise OSError at once if another process holds it."
     if fcntl is not None: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     else:
         import msvcrt
         msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+
+def _lock(fd: int) -> None:
+    "Lock `fd`; raise OSError if another process still holds it after LOCK_GRACE seconds (a look lets go in microseconds)."
+    deadline = time.monotonic() + LOCK_GRACE
+    while True:
+        try: return _try_lock(fd)
+        except OSError:
+            if time.monotonic() >= deadline: raise
+            time.sleep(0.005)
 
 class RunClaim:
     "A run's hold on its partial folder: the file `.claim` in it, locked while the run lives, naming who holds it."
@@ -308,6 +320,9 @@ def _unfinished(folder: Path) -> str:
     "What stands in `folder`, an existing partial folder, for a new run that wanted its name."
     holder = RunClaim.holder(folder)
     if holder is not None: return f"{folder} is held by a trainer that is running now ({_describe(holder)})"
+    if not (folder / 'config.json').is_file():  # nothing --resume could continue
+        return (f"{folder} exists but holds no run yet (a trainer is creating it this instant, or one was killed "
+                "before its run began): give another --out, or remove that folder")
     return f"an unfinished run is in {folder}: continue it with --resume {folder}, or give another --out"
 
 def claim_run_folder(out: Path, more: bool = False) -> tuple[Path, Path, RunClaim]:
