@@ -26,6 +26,13 @@ With --bounds it also times the MLP with parts of the per-batch work removed (th
 the Recorder and the non-finite-loss check, then all three): not the same work any more, but how far a
 redesign of those parts could take the ratio.
 
+With --fused it also times the floor of the callback design on the MLP: the same work as ours (checked to the
+last bit against it: weights, sums, lrs and losses), done by one callback, `FusedBound`, on the plain Runner. That
+is two callbacks a batch (FusedBound and the Runner's own counters, TrainEvalCallback) where `fit_one_cycle` has
+seven (the counters, two ParamSchedulers, AvgStats, the Recorder, the non-finite check and the progress display).
+Not a design this project ships: it is what merging those six into one could save, the most any trim of them could.
+`mlp_fused_minus_ours_us_per_batch` is the median over the rounds of the per-round difference.
+
 With --python-cost it measures what a Python call costs inside the training loop: the hand loop calls a plain
 Python function at every training batch (between the schedule's writes and the forward pass), one that loops
 over `range(k)` adding integers and touches no tensor, for each k of PYTHON_COST_KS. Each line gives the
@@ -33,7 +40,7 @@ function's cost timed alone in a tight loop, and what it added to the hand loop 
 rounds of the per-round difference).
 
     python bench/bench_overhead.py [--rounds 15] [--cnn-rounds 5] [--peer-rounds 3] [--no-cnn] [--no-peers] [--bounds]
-                                   [--python-cost]
+                                   [--fused] [--python-cost]
 """
 import argparse
 import contextlib
@@ -53,7 +60,7 @@ from torch import nn
 
 from common import fashion_or_random, report
 from exp.anneal import ParamScheduler, Recorder, sched_1cycle
-from exp.callbacks import DataBunch, Learner
+from exp.callbacks import Callback, DataBunch, Learner, Runner
 from exp.cnn import BatchTransformXCallback, get_cnn_model, view_tfm
 from exp.learner import Learner as _  # noqa: F401  (adds fit_one_cycle to Learner)
 from exp.learner import TerminateOnNaNCallback
@@ -180,6 +187,52 @@ def ours_without(*parts: str):
     return run
 
 
+class FusedBound(Callback):
+    "Every per-batch job of fit_one_cycle's callbacks on the MLP in one: the one-cycle writes, the sums, the Recorder's lists, the non-finite check."
+    def begin_fit(self):
+        self.values = one_cycle_values('mlp')  # computed in the run, as ParamScheduler computes its table in the fit
+        self.lrs, self.losses = [[] for _ in self.opt.param_groups], []
+        self.sums = {True: [torch.zeros(()), torch.zeros(())], False: [torch.zeros(()), torch.zeros(())]}  # by in_train: loss, correct
+        self.counts = {True: 0, False: 0}
+
+    def begin_epoch(self): self.i = 0
+
+    def begin_batch(self):
+        run = self.run
+        if not run.in_train: return
+        lr, mom = self.values[self.i]
+        for pg in run.learn.opt.param_groups: pg['lr'], pg['momentum'] = lr, mom
+
+    def after_loss(self):
+        run = self.run
+        loss, pred, yb, n = run.loss.detach(), run.pred, run.yb, len(run.xb)
+        tot_loss, tot_correct = self.sums[run.in_train]
+        tot_loss.add_(loss, alpha=n)
+        tot_correct.add_((pred.argmax(1) == yb).sum())
+        self.counts[run.in_train] += n
+        if not run.in_train: return
+        for lrs, pg in zip(self.lrs, run.learn.opt.param_groups): lrs.append(pg['lr'])
+        self.losses.append(loss)
+        if not math.isfinite(loss.item()): raise FloatingPointError(f'training loss {loss.item()}')
+        self.i += 1
+
+
+def fused():
+    "`FusedBound` on the plain Runner, one epoch of the MLP: the model, the four averages, what it recorded (as `ours` returns them)."
+    learn = Learner(DataBunch(*loaders(), c=10), mlp(), lr=LR['mlp'], opt_func=partial(SGD, momentum=MOMENTUM))
+    cb = FusedBound()
+    Runner(cbs=[cb]).fit(1, learn)
+    averages = [float(s) / cb.counts[in_train] for in_train in (True, False) for s in cb.sums[in_train]]
+    return learn.model, averages, (cb.lrs, cb.losses)
+
+
+def fused_same_as_ours() -> bool:
+    "Whether FusedBound ends where fit_one_cycle does on the MLP, to the last bit: weights, the four averages, the lrs and losses recorded."
+    (m1, s1, (lrs1, losses1)), (m2, s2, (lrs2, losses2)) = ours('mlp'), fused()
+    return (all(torch.equal(a, b) for a, b in zip(m1.state_dict().values(), m2.state_dict().values())) and s1 == s2
+            and lrs1 == lrs2 and torch.equal(torch.stack(losses1), torch.stack(losses2)))
+
+
 PYTHON_COST_KS = (0, 30, 300)  # iterations of the plain-Python function --python-cost inserts into the hand loop
 
 
@@ -255,6 +308,7 @@ def main():
     ap.add_argument('--no-cnn', action='store_true', help='skip the CNN')
     ap.add_argument('--no-peers', action='store_true', help='skip plain PyTorch, Lightning and fastai')
     ap.add_argument('--bounds', action='store_true', help='also time the MLP with parts of the per-batch work removed')
+    ap.add_argument('--fused', action='store_true', help="also time the MLP's per-batch work done by one callback: the callback design's floor")
     ap.add_argument('--python-cost', action='store_true', help='also time a plain-Python call inside the hand loop, against its cost alone')
     args = ap.parse_args()
 
@@ -278,6 +332,15 @@ def main():
         report_ratio('mlp_bound_ours', t['ours'], t['hand'])
         for part in ('schedulers', 'recorder_and_nan_check', 'all_three'):
             report_ratio(f'mlp_bound_without_{part}', t[part], t['hand'])
+    if args.fused:  # not a design this project ships: the floor of merging fit_one_cycle's per-batch handlers into one
+        same = fused_same_as_ours()
+        report('mlp_fused_same_work', same)
+        if not same: raise SystemExit('mlp: FusedBound and fit_one_cycle did not do the same work')
+        t = rounds_of({'hand': partial(by_hand, 'mlp'), 'ours': partial(ours, 'mlp'), 'fused': fused}, args.rounds)
+        report_ratio('mlp_fused_ours', t['ours'], t['hand'])
+        report_ratio('mlp_fused', t['fused'], t['hand'])
+        saved = statistics.median(f - o for f, o in zip(t['fused'], t['ours'])) / N_BATCHES * 1e6
+        report('mlp_fused_minus_ours_us_per_batch', saved, '.1f')
     if args.python_cost: python_cost(args.rounds)
     if 'cnn' in archs:
         t = rounds_of({'hand': partial(by_hand, 'cnn'), 'ours': partial(ours, 'cnn')}, args.cnn_rounds)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Every GPU check of the project, in one run on a CUDA machine: first the mixed-precision benchmark (with TFLOP/s,
 # and its torch.compile run) alone on the GPU, so nothing else shares it while it is timed; then, side by side,
-# the CUDA unit tests, notebooks 08, 08a, 08b, 09 and 12 with their `#| cuda` cells, and the trainer with
-# --fp16 auto, alone and under torchrun (NCCL). Writes logs to $OUT (default runs/gpu); exits 1 if any part failed.
+# the CUDA unit tests, notebooks 08, 08a, 08b, 09 and 12 with their `#| cuda` cells, the trainer with
+# --fp16 auto, alone and under torchrun (NCCL), and, where the host has 8 cores or more, the training loop's CPU
+# overhead (bench_overhead.py --fused, three processes each pinned to a core of its own: the host's CPU is another
+# than CI's). Writes logs to $OUT (default runs/gpu); exits 1 if any part failed.
 # A machine without this project's dependencies can get them as wheels in .whl/ (see README).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +44,15 @@ python3 -m pytest -q -p no:cacheprovider -rs tests/test_learner.py -k 'on_a_gpu'
 python3 -m pytest -q -p no:cacheprovider -rs -n 5 tests/test_notebooks.py \
   -k '08_cnn or 08a_hooks_init or 08b_batchnorm or 09_fp16 or 12_distributed' >"$out/notebooks.txt" 2>&1 & pids+=($!)
 (train_checks 2>&1 | grep -v '^W[0-9]' >"$out/train.txt") & pids+=($!)
+logs=(tests tests_learner notebooks train)
+cores=$(nproc)
+if [ "$cores" -ge 8 ] && command -v taskset >/dev/null; then
+  for i in 1 2 3; do  # the last three cores; one torch thread each (the script sets it)
+    taskset -c $((cores - i)) python3 bench/bench_overhead.py --no-peers --no-cnn --fused --rounds 60 \
+      >"$out/overhead-$i.txt" 2>&1 & pids+=($!)
+    logs+=("overhead-$i")
+  done
+fi
 for p in "${pids[@]}"; do wait "$p" || status=1; done
-for f in tests tests_learner notebooks train; do echo "== $f"; tail -n 25 "$out/$f.txt"; done
+for f in "${logs[@]}"; do echo "== $f"; tail -n 25 "$out/$f.txt"; done
 exit $status

@@ -21,12 +21,14 @@ are left out of it: where cachegrind cannot model the host's last-level cache it
 warns so), whose misses move with the memory layout more than with the code.
 
 Needs valgrind (`apt-get install -y valgrind`). Under it a run is 50-100 times slower: 5-13 minutes of one core
-per process, four processes (six with --recording, ten with --parts), two at a time: about 20 minutes on two cores.
+per process, four processes (two more with --recording, two more with --fused, six more with --parts), two at a
+time: about 20 minutes on two cores.
 
 With --recording it also counts bench_overhead's hand loop that records as the Learner does (each batch's lr and
-loss kept, the loss checked for nan or inf), and gives ours' ratio to it.
+loss kept, the loss checked for nan or inf), and gives ours' ratio to it. With --fused it also counts bench_overhead's
+FusedBound (the same work in one callback, the floor of the callback design; see its --fused) and what it saves.
 
-    python bench/overhead_counts.py [--parts] [--recording] [--functions 25] [--jobs 2]
+    python bench/overhead_counts.py [--parts] [--recording] [--fused] [--functions 25] [--jobs 2]
 """
 import argparse
 import os
@@ -49,11 +51,11 @@ def parts(bounds: dict) -> dict[str, list[str]]:
 
 
 def child(contender: str, runs: int) -> None:
-    "Run `contender` ('hand', 'ours', 'hand_recording' or a key of `parts`) `runs` times, in this process (the one valgrind watches)."
+    "Run `contender` ('hand', 'ours', 'hand_recording', 'fused' or a key of `parts`) `runs` times, in this process (the one valgrind watches)."
     sys.path.insert(0, str(HERE))
     import bench_overhead as b
     fn = {'hand': lambda: b.by_hand('mlp'), 'ours': lambda: b.ours('mlp'),
-          'hand_recording': lambda: b.by_hand('mlp', record=True)}.get(contender)
+          'hand_recording': lambda: b.by_hand('mlp', record=True), 'fused': b.fused}.get(contender)
     if fn is None: fn = b.ours_without(*parts(b.BOUNDS)[contender])
     for _ in range(runs): fn()
 
@@ -129,6 +131,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--parts', action='store_true', help="also count ours without each part of --bounds")
     ap.add_argument('--recording', action='store_true', help="also count the hand loop that records as the Learner does")
+    ap.add_argument('--fused', action='store_true', help="also count bench_overhead's FusedBound, the callback design's floor")
     ap.add_argument('--functions', type=int, default=0, metavar='N', help="also print the N functions where ours' extra cycles go")
     ap.add_argument('--jobs', type=int, default=2, help='processes under valgrind at once')
     ap.add_argument('--child', nargs=2, metavar=('CONTENDER', 'RUNS'), help=argparse.SUPPRESS)
@@ -139,7 +142,8 @@ def main():
     sys.path.insert(0, str(HERE))
     from bench_overhead import BOUNDS, N_BATCHES, data_name
     part_names = list(parts(BOUNDS)) if args.parts else []
-    contenders = ['hand', 'ours', *(['hand_recording'] if args.recording else []), *part_names]
+    savers = [*part_names, *(['fused'] if args.fused else [])]  # ours less some of its work, or the same work in one callback
+    contenders = ['hand', 'ours', *(['hand_recording'] if args.recording else []), *savers]
     with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(args.jobs) as pool:
         jobs = {(c, r): pool.submit(counted, c, r, d) for c in contenders for r in (1, 2)}
         epochs = {c: per_epoch(jobs[c, 1].result(), jobs[c, 2].result()) for c in contenders}
@@ -152,7 +156,7 @@ def main():
         rec = epochs['hand_recording']
         print(f"hand_recording/hand: instructions {rec['Ir'] / hand['Ir']:.3f}, est_cycles {est_cycles(rec) / est_cycles(hand):.3f}")
         print(f"ours/hand_recording: instructions {ours['Ir'] / rec['Ir']:.3f}, est_cycles {est_cycles(ours) / est_cycles(rec):.3f}")
-    for c in part_names:
+    for c in savers:
         saved = est_cycles(ours) - est_cycles(epochs[c])
         print(f"{c}: saves {(ours['Ir'] - epochs[c]['Ir']) / N_BATCHES:,.0f} instructions and {saved / N_BATCHES:,.0f} "
               f"est_cycles a batch, {saved / (est_cycles(ours) - est_cycles(hand)):.0%} of ours' overhead")

@@ -105,21 +105,24 @@ def test_python_cost_helpers(bench_overhead):
     ft.test_eq(len(calls), 10)  # 640 samples in batches of 64; none for the validation batches
 
 
+def _one_lr_off(exact):
+    "`exact` (one_cycle_values) with the lr at batch 500 off by one part in a million."
+    def values(arch):
+        schedule = exact(arch)
+        lr, mom = schedule[500]
+        schedule[500] = (lr * (1 + 1e-6), mom)
+        return schedule
+    return values
+
+
 @pytest.mark.slow
 def test_same_work_mlp(bench_overhead, capsys):
     "fit_one_cycle and the hand loop end with the same weights and sums, to the last bit; one lr off at one batch is caught."
     bench_overhead.same_work('mlp')
     lines = reported(capsys.readouterr().out)
     ft.test_eq((lines['mlp_same_weights'], lines['mlp_same_stats'], lines['mlp_same_recording']), ('True', 'True', 'True'))
-    exact = bench_overhead.one_cycle_values
-
-    def one_lr_off(arch):
-        schedule = exact(arch)
-        lr, mom = schedule[500]
-        schedule[500] = (lr * (1 + 1e-6), mom)
-        return schedule
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(bench_overhead, 'one_cycle_values', one_lr_off)
+        mp.setattr(bench_overhead, 'one_cycle_values', _one_lr_off(bench_overhead.one_cycle_values))
         with pytest.raises(SystemExit, match='did not do the same work'): bench_overhead.same_work('mlp')
     from exp.anneal import Recorder
     with bench_overhead.without([(Recorder, 'after_loss')]):  # the same run, but the Recorder keeps nothing
@@ -157,6 +160,15 @@ def test_bounds_remove_the_handlers_and_put_them_back(bench_overhead):
     model, *_ = bench_overhead.ours_without('schedulers', 'recorder_and_nan_check')()
     model2, *_ = bench_overhead.ours('mlp')
     assert not all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))  # another lr: another run
+
+
+@pytest.mark.slow
+def test_fused_bound_does_the_same_work(bench_overhead):
+    "--fused: FusedBound ends where fit_one_cycle does, to the last bit; one lr off at one batch is caught."
+    assert bench_overhead.fused_same_as_ours()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench_overhead, 'one_cycle_values', _one_lr_off(bench_overhead.one_cycle_values))  # FusedBound's schedule only: ours has its own
+        assert not bench_overhead.fused_same_as_ours()
 
 
 @pytest.mark.slow
