@@ -14,7 +14,7 @@ The Learner also does work the hand loop leaves out: its Recorder keeps the lr a
 batch, and `fit` stops at a training loss that is not finite. The goals are against the hand loop as it is; a
 second hand loop that does that work too (`by_hand(record=True)`, checked to keep the same lrs and losses as the
 Recorder) is timed beside it, so that `mlp_hand_recording_ratio` gives what that work costs written by hand and
-`mlp_ours_vs_recording_hand_ratio` what the callbacks cost beyond it.
+`mlp_ours_vs_recording_hand_ratio` what the callbacks cost beyond it; the CNN's rounds time it too (`cnn_...`).
 
 torch runs on one thread. Ours and the hand loop alternate, many rounds, in one process; each line gives the
 median and the spread (min-max) over the rounds of the ratio ours / hand. `overhead_us_per_batch` is the
@@ -343,9 +343,12 @@ def main():
         report('mlp_fused_minus_ours_us_per_batch', saved, '.1f')
     if args.python_cost: python_cost(args.rounds)
     if 'cnn' in archs:
-        t = rounds_of({'hand': partial(by_hand, 'cnn'), 'ours': partial(ours, 'cnn')}, args.cnn_rounds)
+        t = rounds_of({'hand': partial(by_hand, 'cnn'), 'ours': partial(ours, 'cnn'),
+                       'recording': partial(by_hand, 'cnn', record=True)}, args.cnn_rounds)
         report('cnn_hand_epoch_s', statistics.median(t['hand']))
         report_ratio('cnn_ours', t['ours'], t['hand'], 1.02)
+        report_ratio('cnn_hand_recording', t['recording'], t['hand'])  # as for the MLP: not the goal's loop
+        report_ratio('cnn_ours_vs_recording_hand', t['ours'], t['recording'], epoch=False)
     if not args.no_peers:
         import peers
         for name, fn in peers.contenders(x, y, xv, yv, BS, LR['mlp'], MOMS, DIV, PCT_START).items():

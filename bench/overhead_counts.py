@@ -28,7 +28,12 @@ With --recording it also counts bench_overhead's hand loop that records as the L
 loss kept, the loss checked for nan or inf), and gives ours' ratio to it. With --fused it also counts bench_overhead's
 FusedBound (the same work in one callback, the floor of the callback design; see its --fused) and what it saves.
 
-    python bench/overhead_counts.py [--parts] [--recording] [--fused] [--functions 25] [--jobs 2]
+With --cnn it counts the lesson's CNN instead of the MLP (ours and the hand loop, and with --recording the hand loop
+that records). Its epoch is 3.5 s, which under cachegrind takes 25 minutes and more, so --batches N shortens the
+epoch to its first N training batches (and as large a share of the validation set) for every contender: `--cnn
+--batches 100` takes about 25 minutes on two cores. A fit's fixed cost (about 1 ms) is then spread over fewer batches.
+
+    python bench/overhead_counts.py [--parts] [--recording] [--fused] [--functions 25] [--jobs 2] [--cnn] [--batches N]
 """
 import argparse
 import os
@@ -50,12 +55,21 @@ def parts(bounds: dict) -> dict[str, list[str]]:
     return {**{f'without_{p}': [p] for p in bounds}, 'without_all_three': list(bounds)}
 
 
-def child(contender: str, runs: int) -> None:
-    "Run `contender` ('hand', 'ours', 'hand_recording', 'fused' or a key of `parts`) `runs` times, in this process (the one valgrind watches)."
+def shorten(b, n_batches: int) -> None:
+    "Make bench_overhead `b`'s epoch its first `n_batches` training batches and as large a share of the validation set."
+    n, nv = n_batches * b.BS, n_batches * b.BS * len(b.valid_ds) // len(b.train_ds)
+    if not 0 < n <= len(b.train_ds): raise SystemExit(f'--batches must be in [1, {b.N_BATCHES}], got {n_batches}')
+    b.train_ds, b.valid_ds = b.Dataset(b.x[:n], b.y[:n]), b.Dataset(b.xv[:nv], b.yv[:nv])
+    b.N_BATCHES = len(b.loaders()[0])
+
+
+def child(contender: str, runs: int, arch: str = 'mlp', n_batches: int = 0) -> None:
+    "Run `contender` ('hand', 'ours', 'hand_recording', 'fused' or a key of `parts`) on `arch` `runs` times, in this process (the one valgrind watches); `n_batches`: see `shorten`."
     sys.path.insert(0, str(HERE))
     import bench_overhead as b
-    fn = {'hand': lambda: b.by_hand('mlp'), 'ours': lambda: b.ours('mlp'),
-          'hand_recording': lambda: b.by_hand('mlp', record=True), 'fused': b.fused}.get(contender)
+    if n_batches: shorten(b, n_batches)
+    fn = {'hand': lambda: b.by_hand(arch), 'ours': lambda: b.ours(arch),
+          'hand_recording': lambda: b.by_hand(arch, record=True), 'fused': b.fused}.get(contender)
     if fn is None: fn = b.ours_without(*parts(b.BOUNDS)[contender])
     for _ in range(runs): fn()
 
@@ -108,12 +122,12 @@ def per_epoch(once: dict[str, int], twice: dict[str, int]) -> dict[str, int]:
     return {k: twice[k] - once[k] for k in twice}
 
 
-def counted(contender: str, runs: int, out_dir: str) -> dict[str, int]:
-    "Run `contender` `runs` times under cachegrind, in a fresh process (its output file: `out_dir`/`contender`.`runs`); its totals."
+def counted(contender: str, runs: int, out_dir: str, arch: str = 'mlp', n_batches: int = 0) -> dict[str, int]:
+    "Run `contender` on `arch` `runs` times under cachegrind, in a fresh process (its output file: `out_dir`/`contender`.`runs`); its totals."
     out = Path(out_dir) / f'{contender}.{runs}'
     no_aslr = ['setarch', platform.machine(), '-R'] if shutil.which('setarch') else []
     cmd = [*no_aslr, 'valgrind', '--tool=cachegrind', '--cache-sim=yes', '--branch-sim=yes', f'--cachegrind-out-file={out}',
-           sys.executable, __file__, '--child', contender, str(runs)]
+           sys.executable, __file__, '--child', contender, str(runs), arch, str(n_batches)]
     res = subprocess.run(cmd, env={**os.environ, **ENV}, capture_output=True, text=True)
     if res.returncode != 0: raise RuntimeError(f"{contender} x{runs} failed under valgrind:\n{res.stderr[-2000:]}")
     return summary(out)
@@ -134,21 +148,28 @@ def main():
     ap.add_argument('--fused', action='store_true', help="also count bench_overhead's FusedBound, the callback design's floor")
     ap.add_argument('--functions', type=int, default=0, metavar='N', help="also print the N functions where ours' extra cycles go")
     ap.add_argument('--jobs', type=int, default=2, help='processes under valgrind at once')
-    ap.add_argument('--child', nargs=2, metavar=('CONTENDER', 'RUNS'), help=argparse.SUPPRESS)
+    ap.add_argument('--cnn', action='store_true', help="count the lesson's CNN instead of the MLP (with --recording at most)")
+    ap.add_argument('--batches', type=int, default=0, metavar='N',
+                    help='an epoch of the first N training batches (and as large a share of the validation set), not all 938')
+    ap.add_argument('--child', nargs=4, metavar=('CONTENDER', 'RUNS', 'ARCH', 'BATCHES'), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.child: return child(args.child[0], int(args.child[1]))
+    if args.child: return child(args.child[0], int(args.child[1]), args.child[2], int(args.child[3]))
+    if args.cnn and (args.parts or args.fused): raise SystemExit('--parts and --fused count the MLP only: leave them out with --cnn')
     if shutil.which('valgrind') is None: raise SystemExit('valgrind is not installed: apt-get install -y valgrind')
 
     sys.path.insert(0, str(HERE))
+    import bench_overhead
+    if args.batches: shorten(bench_overhead, args.batches)
     from bench_overhead import BOUNDS, N_BATCHES, data_name
     part_names = list(parts(BOUNDS)) if args.parts else []
     savers = [*part_names, *(['fused'] if args.fused else [])]  # ours less some of its work, or the same work in one callback
     contenders = ['hand', 'ours', *(['hand_recording'] if args.recording else []), *savers]
     with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(args.jobs) as pool:
-        jobs = {(c, r): pool.submit(counted, c, r, d) for c in contenders for r in (1, 2)}
+        arch = 'cnn' if args.cnn else 'mlp'
+        jobs = {(c, r): pool.submit(counted, c, r, d, arch, args.batches) for c in contenders for r in (1, 2)}
         epochs = {c: per_epoch(jobs[c, 1].result(), jobs[c, 2].result()) for c in contenders}
         by_function = args.functions and overhead_by_function(*(functions(Path(d) / f'{c}.{r}') for c in ('hand', 'ours') for r in (1, 2)))
-    print(f'data: {data_name}, {N_BATCHES} training batches an epoch (the per-batch figures divide by it)')
+    print(f'data: {data_name}, {N_BATCHES} training batches an epoch (the per-batch figures divide by it); model: {arch}')
     for c in contenders: print(line(c, epochs[c], N_BATCHES))
     hand, ours = epochs['hand'], epochs['ours']
     print(f"ours/hand: instructions {ours['Ir'] / hand['Ir']:.3f}, est_cycles {est_cycles(ours) / est_cycles(hand):.3f}")

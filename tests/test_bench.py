@@ -220,6 +220,20 @@ def test_overhead_counts_arithmetic(tmp_path):
     with pytest.raises(ValueError, match='not a cachegrind output file'): overhead_counts.summary(out)
 
 
+def test_overhead_counts_shortens_the_epoch(bench_overhead, monkeypatch):
+    "--batches N: every contender's epoch is the first N training batches and as large a share of the validation set."
+    import overhead_counts
+    for name in ('train_ds', 'valid_ds', 'N_BATCHES'): monkeypatch.setattr(bench_overhead, name, getattr(bench_overhead, name))
+    overhead_counts.shorten(bench_overhead, 5)
+    train_dl, valid_dl = bench_overhead.loaders()
+    ft.test_eq((bench_overhead.N_BATCHES, len(train_dl), len(bench_overhead.train_ds), len(bench_overhead.valid_ds)),
+               (5, 5, 5 * 64, 5 * 64 // 6))
+    ft.test_eq(bench_overhead.train_ds.x, bench_overhead.x[:5 * 64])
+    ft.test_eq(len(bench_overhead.one_cycle_values('mlp')), 5)  # the schedule spans the shortened epoch
+    for bad in (0, 10_000):
+        with pytest.raises(SystemExit, match='--batches must be in'): overhead_counts.shorten(bench_overhead, bad)
+
+
 def test_overhead_counts_by_function(tmp_path):
     "Counts are summed by function (file without folders), short lines padded with zeros; the overhead is ours' epoch less the hand loop's."
     import overhead_counts
