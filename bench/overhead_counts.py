@@ -31,7 +31,7 @@ FusedBound (the same work in one callback, the floor of the callback design; see
 With --cnn it counts the lesson's CNN instead of the MLP (ours and the hand loop, and with --recording the hand loop
 that records). Its epoch is 3.5 s, which under cachegrind takes 25 minutes and more, so --batches N shortens the
 epoch to its first N training batches (and as large a share of the validation set) for every contender: `--cnn
---batches 100` takes about 25 minutes on two cores. A fit's fixed cost (about 1 ms) is then spread over fewer batches.
+--batches 100` takes about 20 minutes on two cores. A fit's fixed cost (about 1 ms) is then spread over fewer batches.
 
     python bench/overhead_counts.py [--parts] [--recording] [--fused] [--functions 25] [--jobs 2] [--cnn] [--batches N]
 """

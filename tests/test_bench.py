@@ -225,7 +225,7 @@ def test_overhead_counts_shortens_the_epoch(bench_overhead, monkeypatch):
     import overhead_counts
     for name in ('train_ds', 'valid_ds', 'N_BATCHES'): monkeypatch.setattr(bench_overhead, name, getattr(bench_overhead, name))
     overhead_counts.shorten(bench_overhead, 5)
-    train_dl, valid_dl = bench_overhead.loaders()
+    train_dl, _ = bench_overhead.loaders()
     ft.test_eq((bench_overhead.N_BATCHES, len(train_dl), len(bench_overhead.train_ds), len(bench_overhead.valid_ds)),
                (5, 5, 5 * 64, 5 * 64 // 6))
     ft.test_eq(bench_overhead.train_ds.x, bench_overhead.x[:5 * 64])
