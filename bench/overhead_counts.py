@@ -60,7 +60,7 @@ def shorten(b, n_batches: int) -> None:
     n, nv = n_batches * b.BS, n_batches * b.BS * len(b.valid_ds) // len(b.train_ds)
     if not 0 < n <= len(b.train_ds): raise SystemExit(f'--batches must be in [1, {b.N_BATCHES}], got {n_batches}')
     b.train_ds, b.valid_ds = b.Dataset(b.x[:n], b.y[:n]), b.Dataset(b.xv[:nv], b.yv[:nv])
-    b.N_BATCHES = len(b.loaders()[0])
+    b.N_BATCHES = n_batches  # n is a whole number of batches
 
 
 def child(contender: str, runs: int, arch: str = 'mlp', n_batches: int = 0) -> None:
@@ -164,8 +164,8 @@ def main():
     part_names = list(parts(BOUNDS)) if args.parts else []
     savers = [*part_names, *(['fused'] if args.fused else [])]  # ours less some of its work, or the same work in one callback
     contenders = ['hand', 'ours', *(['hand_recording'] if args.recording else []), *savers]
+    arch = 'cnn' if args.cnn else 'mlp'
     with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(args.jobs) as pool:
-        arch = 'cnn' if args.cnn else 'mlp'
         jobs = {(c, r): pool.submit(counted, c, r, d, arch, args.batches) for c in contenders for r in (1, 2)}
         epochs = {c: per_epoch(jobs[c, 1].result(), jobs[c, 2].result()) for c in contenders}
         by_function = args.functions and overhead_by_function(*(functions(Path(d) / f'{c}.{r}') for c in ('hand', 'ours') for r in (1, 2)))
