@@ -57,10 +57,11 @@ def parts(bounds: dict) -> dict[str, list[str]]:
 
 def shorten(b, n_batches: int) -> None:
     "Make bench_overhead `b`'s epoch its first `n_batches` training batches and as large a share of the validation set."
-    n, nv = n_batches * b.BS, n_batches * b.BS * len(b.valid_ds) // len(b.train_ds)
-    if not 0 < n <= len(b.train_ds): raise SystemExit(f'--batches must be in [1, {b.N_BATCHES}], got {n_batches}')
+    if not 0 < n_batches <= b.N_BATCHES: raise SystemExit(f'--batches must be in [1, {b.N_BATCHES}], got {n_batches}')
+    n = min(n_batches * b.BS, len(b.train_ds))  # the last batch may be short: N_BATCHES is the whole epoch
+    nv = n * len(b.valid_ds) // len(b.train_ds)
     b.train_ds, b.valid_ds = b.Dataset(b.x[:n], b.y[:n]), b.Dataset(b.xv[:nv], b.yv[:nv])
-    b.N_BATCHES = n_batches  # n is a whole number of batches
+    b.N_BATCHES = n_batches
 
 
 def child(contender: str, runs: int, arch: str = 'mlp', n_batches: int = 0) -> None:

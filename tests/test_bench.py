@@ -230,7 +230,13 @@ def test_overhead_counts_shortens_the_epoch(bench_overhead, monkeypatch):
                (5, 5, 5 * 64, 5 * 64 // 6))
     ft.test_eq(bench_overhead.train_ds.x, bench_overhead.x[:5 * 64])
     ft.test_eq(len(bench_overhead.one_cycle_values('mlp')), 5)  # the schedule spans the shortened epoch
-    for bad in (0, 10_000):
+    full = len(bench_overhead.x) // 64 + 1  # 938: the last batch of 60,000 is short
+    monkeypatch.setattr(bench_overhead, 'train_ds', bench_overhead.Dataset(bench_overhead.x, bench_overhead.y))
+    monkeypatch.setattr(bench_overhead, 'valid_ds', bench_overhead.Dataset(bench_overhead.xv, bench_overhead.yv))
+    monkeypatch.setattr(bench_overhead, 'N_BATCHES', full)
+    overhead_counts.shorten(bench_overhead, full)  # the whole epoch is a valid N
+    ft.test_eq((len(bench_overhead.train_ds), len(bench_overhead.valid_ds)), (len(bench_overhead.x), len(bench_overhead.xv)))
+    for bad in (0, full + 1):
         with pytest.raises(SystemExit, match='--batches must be in'): overhead_counts.shorten(bench_overhead, bad)
 
 
