@@ -1,31 +1,37 @@
-"""Our BatchNorm2d (exp.batchnorm) against torch's nn.BatchNorm2d: one training step of the layer, forward plus
-backward, float32, at the shapes batch norm sees in the series' CNNs. Target: ours within 2x of torch's at each.
-Ours trains with its C++ kernel (notebook 08b, "One loop per channel, in C++"; the `kernel` line says whether it
-was built here); the `_python_` lines time the same layer with the kernel switched off, the Python passes, which
-is what a machine without a C++ compiler runs.
+"""Our BatchNorm2d (exp.batchnorm) against torch's nn.BatchNorm2d: one training step of the layer,
+forward plus backward, float32, at the shapes batch norm sees in the series' CNNs. Target: ours
+within 2x of torch's at each. Ours trains with its C++ kernel (notebook 08b, "One loop per channel,
+in C++"; the `kernel` line says whether it was built here); the `_python_` lines time the same layer
+with the kernel switched off, the Python passes, which is what a machine without a C++ compiler
+runs.
 
-The shapes: simple_cnn((1, 16, 16, 2), bn=True) at bs 64 (the 3-vs-7 sample of notebooks 08-10), and the
-trainer's simple_cnn((1, 16, 32, 64, 10), bn=True) at bs 32 (`python -m exp.train --arch simple_cnn`). Then the
-whole of the first model, one training step with each batch norm. Ours and torch's are timed in alternating
-blocks of calls, so that a slow spell of the machine hits both alike; each line is the median over the rounds.
+The shapes: simple_cnn((1, 16, 16, 2), bn=True) at bs 64 (the 3-vs-7 sample of notebooks 08-10), and
+the trainer's simple_cnn((1, 16, 32, 64, 10), bn=True) at bs 32 (`python -m exp.train --arch
+simple_cnn`). Then the whole of the first model, one training step with each batch norm. Ours and
+torch's are timed in alternating blocks of calls, so that a slow spell of the machine hits both
+alike; each line is the median over the rounds.
 
-Everything runs twice: with one torch thread, then with torch's default count (lines prefixed t1_ and tN_, N the
-count). Each block is timed by the wall clock (`_ratio`) and by the process's CPU time (`_cpu_ratio`). The Python
-passes run about two dozen kernels per step (a dozen over the whole tensor, as many per channel) where torch's
-layer and our kernel run one loop per pass. On a machine shared with other work, the wall clock also counts the
-time the process waited for a core, and with several threads each kernel is a parallel region whose threads all
-wait for the last one at its end, so the Python passes wait more often than torch's: there the one-thread CPU-time
-ratio is the one that measures the code.
+Everything runs twice: with one torch thread, then with torch's default count (lines prefixed t1_
+and tN_, N the count). Each block is timed by the wall clock (`_ratio`) and by the process's CPU
+time (`_cpu_ratio`). The Python passes run about two dozen kernels per step (a dozen over the whole
+tensor, as many per channel) where torch's layer and our kernel run one loop per pass. On a machine
+shared with other work, the wall clock also counts the time the process waited for a core, and with
+several threads each kernel is a parallel region whose threads all wait for the last one at its end,
+so the Python passes wait more often than torch's: there the one-thread CPU-time ratio is the one
+that measures the code.
 
-The `step_parts` lines show where one training step of each layer goes, timed inside the step (the median over
-PART_STEPS steps of each part). Our kernel: the forward and backward calls, and the kernel's two operators inside
-them. Our Python passes: the forward call, split into the module's Python with autograd's `Function.apply` around
-it, and `_BatchNormFunction.forward` itself; the backward call, split into `_BatchNormFunction.backward` and
-autograd's own work around it (the engine, the Python node, accumulating the three gradients); and the per-channel
-reductions inside the two passes (`Tensor.sum`), added up per step. Torch's: the forward call, split into its
-module's Python and `torch.batch_norm` (its fused kernel, dispatch included), and the backward call. Each timed
-part carries the small cost of its timer, and the parts do not add up exactly (each is a median).
+The `step_parts` lines show where one training step of each layer goes, timed inside the step (the
+median over PART_STEPS steps of each part). Our kernel: the forward and backward calls, and the
+kernel's two operators inside them. Our Python passes: the forward call, split into the module's
+Python with autograd's `Function.apply` around it, and `_BatchNormFunction.forward` itself; the
+backward call, split into `_BatchNormFunction.backward` and autograd's own work around it (the
+engine, the Python node, accumulating the three gradients); and the per-channel reductions inside
+the two passes (`Tensor.sum`), added up per step. Torch's: the forward call, split into its module's
+Python and `torch.batch_norm` (its fused kernel, dispatch included), and the backward call. Each
+timed part carries the small cost of its timer, and the parts do not add up exactly (each is a
+median).
 """
+
 import contextlib
 import statistics
 import time
@@ -43,55 +49,71 @@ from exp.cnn import simple_cnn
 ROUNDS = 41
 CALLS = 10  # layer steps per timed block
 PART_STEPS = 1000  # steps timed part by part
-SHAPES = {'simple_cnn_bs64': [(64, 16, 14, 14), (64, 16, 7, 7)],
-          'train_simple_cnn_bs32': [(32, 16, 14, 14), (32, 32, 7, 7), (32, 64, 4, 4)]}
+SHAPES = {
+    'simple_cnn_bs64': [(64, 16, 14, 14), (64, 16, 7, 7)],
+    'train_simple_cnn_bs32': [(32, 16, 14, 14), (32, 32, 7, 7), (32, 64, 4, 4)],
+}
 
 
 def blocks(step, calls):
     "`step` run `calls` times: one timed block."
+
     def run():
-        for _ in range(calls): step()
+        for _ in range(calls):
+            step()
+
     return run
 
 
 def layer_inputs(shape):
     "The layer's input (needing a gradient) and the gradient of its output, the same at every call."
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(shape, generator=g).relu().requires_grad_()  # batch norm follows a ReLU in these models
+    # batch norm follows a ReLU in these models
+    x = torch.randn(shape, generator=g).relu().requires_grad_()
     return x, torch.randn(shape, generator=g)
 
 
 def layer_step(bn, x, grad):
-    "One training step of the layer alone: forward in training mode, backward into the input and the parameters."
+    """One training step of the layer alone: forward in training mode, backward into the input and
+    the parameters."""
+
     def step():
         x.grad = bn.weight.grad = bn.bias.grad = None
         bn(x).backward(grad)
+
     return step
 
 
 def model_step(model, xb, yb):
     "One forward and backward pass of the whole model."
+
     def step():
         model.zero_grad(set_to_none=True)
         nn.functional.cross_entropy(model(xb), yb).backward()
+
     return step
 
 
 def python_passes(module):
-    "`module` with the kernel of each of our BatchNorm2d in it switched off: they train with the Python passes."
+    """`module` with the kernel of each of our BatchNorm2d in it switched off: they train with the
+    Python passes."""
     for m in module.modules():
-        if isinstance(m, BatchNorm2d): m.kernel = False
+        if isinstance(m, BatchNorm2d):
+            m.kernel = False
     return module
 
 
 def time_steps(steps, calls):
-    "Median (wall, CPU) seconds per call of each step function, timed in blocks whose order reverses every round."
+    """Median (wall, CPU) seconds per call of each step function, timed in blocks whose order
+    reverses every round."""
     fns = [blocks(step, calls) for step in steps]
-    for fn in fns: fn(); fn()  # warm-up
+    for fn in fns:
+        fn()
+        fn()  # warm-up
     wall, cpu = [[] for _ in fns], [[] for _ in fns]
     order = list(range(len(fns)))
     for r in range(ROUNDS):
-        for i in (order if r % 2 == 0 else order[::-1]):
+        for i in order if r % 2 == 0 else order[::-1]:
             w, c = time.perf_counter(), time.process_time()
             fns[i]()
             wall[i].append(time.perf_counter() - w)
@@ -100,7 +122,8 @@ def time_steps(steps, calls):
 
 
 def report_steps(name, times, unit, scale):
-    "The wall-clock times and ratios to torch's, and the CPU-time ratios, of `time_steps`' result for ours, torch's, the Python passes."
+    """The wall-clock times and ratios to torch's, and the CPU-time ratios, of `time_steps`' result
+    for ours, torch's, the Python passes."""
     (w_ours, w_theirs, w_python), (c_ours, c_theirs, c_python) = times
     report(f'{name}_ours_{unit}', w_ours * scale, '.1f')
     report(f'{name}_torch_{unit}', w_theirs * scale, '.1f')
@@ -113,19 +136,29 @@ def report_steps(name, times, unit, scale):
 
 
 def layers(prefix):
-    worst = worst_cpu = 0.
+    worst = worst_cpu = 0.0
     for model_name, shapes in SHAPES.items():
         for shape in shapes:
             x, grad = layer_inputs(shape)
-            bns = BatchNorm2d(shape[1]), nn.BatchNorm2d(shape[1]), python_passes(BatchNorm2d(shape[1]))
+            bns = (
+                BatchNorm2d(shape[1]),
+                nn.BatchNorm2d(shape[1]),
+                python_passes(BatchNorm2d(shape[1])),
+            )
             steps = [layer_step(bn, x, grad) for bn in bns]
             grads = []
             for step, bn in zip(steps, bns):
                 step()
                 grads.append((x.grad.clone(), bn.weight.grad.clone(), bn.running_var.clone()))
             for mine in (grads[0], grads[2]):  # timing something wrong is pointless
-                for a, b in zip(mine, grads[1]): torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-            ratio, cpu_ratio = report_steps(f"{prefix}{model_name}_{'x'.join(map(str, shape))}", time_steps(steps, CALLS), 'us', 1e6)
+                for a, b in zip(mine, grads[1]):
+                    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+            ratio, cpu_ratio = report_steps(
+                f"{prefix}{model_name}_{'x'.join(map(str, shape))}",
+                time_steps(steps, CALLS),
+                'us',
+                1e6,
+            )
             worst, worst_cpu = max(worst, ratio), max(worst_cpu, cpu_ratio)
     report(f'{prefix}worst_layer_ratio', worst, '.2f')
     report(f'{prefix}worst_layer_cpu_ratio', worst_cpu, '.2f')
@@ -134,11 +167,16 @@ def layers(prefix):
 def whole_model(prefix):
     torch.manual_seed(0)
     ours = simple_cnn((1, 16, 16, 2), bn=True)
-    theirs, python = simple_cnn((1, 16, 16, 2), bn=True), python_passes(simple_cnn((1, 16, 16, 2), bn=True))
+    theirs, python = (
+        simple_cnn((1, 16, 16, 2), bn=True),
+        python_passes(simple_cnn((1, 16, 16, 2), bn=True)),
+    )
     for block in theirs:  # the same net with torch's batch norm in place of ours
-        if not isinstance(block, nn.Sequential): continue
+        if not isinstance(block, nn.Sequential):
+            continue
         for i, m in enumerate(block):
-            if isinstance(m, BatchNorm2d): block[i] = nn.BatchNorm2d(m.num_features)
+            if isinstance(m, BatchNorm2d):
+                block[i] = nn.BatchNorm2d(m.num_features)
     theirs.load_state_dict(ours.state_dict())
     python.load_state_dict(ours.state_dict())
     assert sum(type(m) is nn.BatchNorm2d for m in theirs.modules()) == 2
@@ -150,37 +188,59 @@ def whole_model(prefix):
 
 @contextlib.contextmanager
 def timed(owner, name, spans):
-    "Within the block, `owner.name` (a function) appends the seconds of each call it makes to `spans[name]`."
-    own = name in vars(owner)  # else inherited (torch.Tensor's methods are its C base class's): deleting ours restores it
+    """Within the block, `owner.name` (a function) appends the seconds of each call it makes to
+    `spans[name]`."""
+    # else inherited (torch.Tensor's methods are its C base class's): deleting ours restores it
+    own = name in vars(owner)
     fn = vars(owner)[name] if own else getattr(owner, name)
     inner = fn.__func__ if isinstance(fn, staticmethod) else fn
 
     def wrapper(*args, **kwargs):
         start = time.perf_counter()
-        try: return inner(*args, **kwargs)
-        finally: spans[name].append(time.perf_counter() - start)
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spans[name].append(time.perf_counter() - start)
+
     setattr(owner, name, staticmethod(wrapper) if isinstance(fn, staticmethod) else wrapper)
-    try: yield
+    try:
+        yield
     finally:
-        if own: setattr(owner, name, fn)
-        else: delattr(owner, name)
+        if own:
+            setattr(owner, name, fn)
+        else:
+            delattr(owner, name)
 
 
 def step_parts(prefix):
-    "Where one training step of each layer goes, timed inside the step (medians over PART_STEPS steps, in us)."
+    """Where one training step of each layer goes, timed inside the step (medians over PART_STEPS
+    steps, in us)."""
     for shape in (shape for shapes in SHAPES.values() for shape in shapes):
         x, grad = layer_inputs(shape)
         parts = {}
-        layers = [('python', python_passes(BatchNorm2d(shape[1]))), ('torch', nn.BatchNorm2d(shape[1]))]
-        if kernel_ops is not None: layers.insert(0, ('ours', BatchNorm2d(shape[1])))  # else ours is the Python passes
+        layers = [
+            ('python', python_passes(BatchNorm2d(shape[1]))),
+            ('torch', nn.BatchNorm2d(shape[1])),
+        ]
+        # else ours is the Python passes
+        if kernel_ops is not None:
+            layers.insert(0, ('ours', BatchNorm2d(shape[1])))
         for who, bn in layers:
             spans = defaultdict(list)
             step = layer_step(bn, x, grad)
-            for _ in range(50): step()  # warm-up, untimed
+            for _ in range(50):
+                step()  # warm-up, untimed
             with contextlib.ExitStack() as stack:
-                # ours: the Function's two passes and the reductions in them; torch's: its fused forward kernel
-                wrapped = [(_BatchNormFunction, 'forward'), (_BatchNormFunction, 'backward'), (torch.Tensor, 'sum'), (torch, 'batch_norm')]
-                if kernel_ops is not None: wrapped += [(kernel_ops, 'bn_forward'), (kernel_ops, 'bn_backward')]
+                # ours: the Function's two passes and the reductions in them; torch's: its fused
+                # forward kernel
+                wrapped = [
+                    (_BatchNormFunction, 'forward'),
+                    (_BatchNormFunction, 'backward'),
+                    (torch.Tensor, 'sum'),
+                    (torch, 'batch_norm'),
+                ]
+                if kernel_ops is not None:
+                    wrapped += [(kernel_ops, 'bn_forward'), (kernel_ops, 'bn_backward')]
                 for owner, name in wrapped:
                     stack.enter_context(timed(owner, name, spans))
                 for _ in range(PART_STEPS):
@@ -190,30 +250,50 @@ def step_parts(prefix):
                     mid = time.perf_counter()
                     y.backward(grad)
                     end = time.perf_counter()
-                    del y  # the step's output and what its graph saved are freed here, outside the timed spans
+                    # the step's output and what its graph saved are freed here, outside the timed
+                    # spans
+                    del y
                     spans['forward_call'].append(mid - start)
                     spans['backward_call'].append(end - mid)
             med = {name: statistics.median(ts) * 1e6 for name, ts in spans.items()}
             if who == 'ours':
-                parts[who] = (f"forward {med['forward_call']:.1f} (the bn_forward operator {med['bn_forward']:.1f}), "
-                              f"backward {med['backward_call']:.1f} (the bn_backward operator {med['bn_backward']:.1f})")
+                parts[who] = (
+                    f"forward {med['forward_call']:.1f} (the bn_forward operator "
+                    f"{med['bn_forward']:.1f}), "
+                    f"backward {med['backward_call']:.1f} (the bn_backward operator "
+                    f"{med['bn_backward']:.1f})"
+                )
             elif who == 'python':
                 n_sums, rest = divmod(len(spans['sum']), PART_STEPS)
                 assert n_sums and not rest, f"{len(spans['sum'])} reductions in {PART_STEPS} steps"
-                reductions = statistics.median(map(sum, zip(*[iter(spans['sum'])] * n_sums))) * 1e6  # a step's, added
-                parts[who] = (f"forward {med['forward_call']:.1f} (module and apply {med['forward_call'] - med['forward']:.1f}, "
-                              f"Function.forward {med['forward']:.1f}), backward {med['backward_call']:.1f} (Function.backward "
-                              f"{med['backward']:.1f}, autograd around it {med['backward_call'] - med['backward']:.1f}); "
-                              f"the {n_sums} reductions {reductions:.1f}")
+                # a step's, added
+                reductions = statistics.median(map(sum, zip(*[iter(spans['sum'])] * n_sums))) * 1e6
+                parts[who] = (
+                    f"forward {med['forward_call']:.1f} (module and apply "
+                    f"{med['forward_call'] - med['forward']:.1f}, "
+                    f"Function.forward {med['forward']:.1f}), backward {med['backward_call']:.1f} "
+                    "(Function.backward "
+                    f"{med['backward']:.1f}, autograd around it "
+                    f"{med['backward_call'] - med['backward']:.1f}); "
+                    f"the {n_sums} reductions {reductions:.1f}"
+                )
             else:
-                parts[who] = (f"forward {med['forward_call']:.1f} (module {med['forward_call'] - med['batch_norm']:.1f}, "
-                              f"torch.batch_norm {med['batch_norm']:.1f}), backward {med['backward_call']:.1f}")
-        for who, text in parts.items(): report(f"{prefix}step_parts_{'x'.join(map(str, shape))}_{who}_us", text)
+                parts[who] = (
+                    f"forward {med['forward_call']:.1f} (module "
+                    f"{med['forward_call'] - med['batch_norm']:.1f}, "
+                    f"torch.batch_norm {med['batch_norm']:.1f}), backward "
+                    f"{med['backward_call']:.1f}"
+                )
+        for who, text in parts.items():
+            report(f"{prefix}step_parts_{'x'.join(map(str, shape))}_{who}_us", text)
 
 
 class KernelOps:
-    "The kernel's two operators as attributes that `timed` can wrap (torch's operator namespace takes no new attributes)."
-    def __init__(self, ops): self.bn_forward, self.bn_backward = ops.bn_forward, ops.bn_backward
+    """The kernel's two operators as attributes that `timed` can wrap (torch's operator namespace
+    takes no new attributes)."""
+
+    def __init__(self, ops):
+        self.bn_forward, self.bn_backward = ops.bn_forward, ops.bn_backward
 
 
 report('target_ratio', 2.0)

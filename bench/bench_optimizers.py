@@ -1,7 +1,8 @@
-"""Our SGD with momentum 0.9 against optim.SGD's default (on the CPU, torch's loop over the parameters; on a GPU,
-its foreach version): one training step (forward, loss, backward, step, zero_grad) of the lesson's MLP
-(784-50-10, bs 64) and of the lesson's CNN (conv 1-8-16-32-32, bs 512), and the optimizer step alone.
-Target: each training step within 1.2x of torch's."""
+"""Our SGD with momentum 0.9 against optim.SGD's default (on the CPU, torch's loop over the
+parameters; on a GPU, its foreach version): one training step (forward, loss, backward, step,
+zero_grad) of the lesson's MLP (784-50-10, bs 64) and of the lesson's CNN (conv 1-8-16-32-32, bs
+512), and the optimizer step alone. Target: each training step within 1.2x of torch's."""
+
 import torch
 import torch.nn.functional as F
 from torch import nn, optim
@@ -16,14 +17,20 @@ lr, momentum = 0.01, 0.9
 OPT_STEPS = 200  # optimizer steps alone, per timing
 
 
-def mlp(): return nn.Sequential(nn.Linear(784, 50), nn.ReLU(), nn.Linear(50, 10))
-def cnn(): return get_cnn_model(DataBunch(None, None, c=10))
+def mlp():
+    return nn.Sequential(nn.Linear(784, 50), nn.ReLU(), nn.Linear(50, 10))
+
+
+def cnn():
+    return get_cnn_model(DataBunch(None, None, c=10))
 
 
 def contenders(make_model, bs, steps):
-    "For ours and torch's SGD: `steps` training steps on a model of its own, and OPT_STEPS optimizer steps alone."
-    batches = [(x[i:i + bs], y[i:i + bs]) for i in range(0, bs * 8, bs)]
-    if make_model is cnn: batches = [(xb.view(-1, 1, 28, 28), yb) for xb, yb in batches]
+    """For ours and torch's SGD: `steps` training steps on a model of its own, and OPT_STEPS
+    optimizer steps alone."""
+    batches = [(x[i : i + bs], y[i : i + bs]) for i in range(0, bs * 8, bs)]
+    if make_model is cnn:
+        batches = [(xb.view(-1, 1, 28, 28), yb) for xb, yb in batches]
     out = []
     for opt_func in (SGD, optim.SGD):
         torch.manual_seed(0)
@@ -38,8 +45,11 @@ def contenders(make_model, bs, steps):
                 opt.zero_grad()
 
         def step_only(model=model, opt=opt):
-            for p in model.parameters(): p.grad = torch.full_like(p, 1e-3)
-            for _ in range(OPT_STEPS): opt.step()
+            for p in model.parameters():
+                p.grad = torch.full_like(p, 1e-3)
+            for _ in range(OPT_STEPS):
+                opt.step()
+
         out.append((train, step_only))
     return out
 

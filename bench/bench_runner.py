@@ -1,7 +1,8 @@
-"""One epoch of `Runner().fit` (default callbacks) against the same loop written by hand: same model,
-data and batches (MLP 784-50-10, bs 64, 20,000 training samples, validation on the test split).
-Target: ratio at most 1.05. Also times the bare event dispatch per batch, and what the Learner's check for
-a non-finite loss (TerminateOnNaNCallback) adds to each batch."""
+"""One epoch of `Runner().fit` (default callbacks) against the same loop written by hand: same
+model, data and batches (MLP 784-50-10, bs 64, 20,000 training samples, validation on the test
+split). Target: ratio at most 1.05. Also times the bare event dispatch per batch, and what the
+Learner's check for a non-finite loss (TerminateOnNaNCallback) adds to each batch."""
+
 import time
 
 import torch
@@ -22,7 +23,9 @@ train_ds, valid_ds = Dataset(x, y), Dataset(xv, yv)
 
 def loaders():
     "Fresh loaders with the same seed: both contenders see exactly the same batches."
-    return DataLoader(train_ds, Sampler(train_ds, bs, shuffle=True, seed=0)), DataLoader(valid_ds, Sampler(valid_ds, bs * 2))
+    return DataLoader(train_ds, Sampler(train_ds, bs, shuffle=True, seed=0)), DataLoader(
+        valid_ds, Sampler(valid_ds, bs * 2)
+    )
 
 
 def new_model():
@@ -31,10 +34,13 @@ def new_model():
 
 
 def with_runner(cbs=()):
-    Runner(cbs=list(cbs)).fit(1, Learner(DataBunch(*loaders(), c=10), new_model(), F.cross_entropy, SGD, lr=lr))
+    Runner(cbs=list(cbs)).fit(
+        1, Learner(DataBunch(*loaders(), c=10), new_model(), F.cross_entropy, SGD, lr=lr)
+    )
 
 
-def with_runner_and_nan_check(): with_runner([TerminateOnNaNCallback()])
+def with_runner_and_nan_check():
+    with_runner([TerminateOnNaNCallback()])
 
 
 def by_hand():
@@ -49,7 +55,8 @@ def by_hand():
         opt.zero_grad()
     model.eval()
     with torch.no_grad():
-        for xb, yb in valid_dl: F.cross_entropy(model(xb), yb)
+        for xb, yb in valid_dl:
+            F.cross_entropy(model(xb), yb)
 
 
 report('data', f'{data_name}, first 20000')
@@ -68,7 +75,8 @@ events = ('begin_batch', 'after_pred', 'after_loss', 'after_backward', 'after_st
 n = 100_000
 t0 = time.perf_counter()
 for _ in range(n):
-    for e in events: run(e)
+    for e in events:
+        run(e)
 report('dispatch_us_per_batch', (time.perf_counter() - t0) / n * 1e6, '.2f')
 
 # the non-finite-loss check alone, on the CPU: its after_loss handler on a training batch's loss
@@ -79,5 +87,6 @@ cb = check.terminate_on_nan
 cb.begin_fit()
 cb.begin_epoch()
 t0 = time.perf_counter()
-for _ in range(n): cb.after_loss()
+for _ in range(n):
+    cb.after_loss()
 report('nan_check_us_per_batch', (time.perf_counter() - t0) / n * 1e6, '.2f')

@@ -1,4 +1,6 @@
-"""Unit tests for exp.backprop: the hand-written backward passes against autograd (gradcheck) and nn.Linear / nn.ReLU."""
+"""Unit tests for exp.backprop: the hand-written backward passes against autograd (gradcheck) and
+nn.Linear / nn.ReLU."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,7 +13,9 @@ from exp.data import set_seed
 
 
 def rand64(*shape, seed=0, grad=True):
-    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)).requires_grad_(grad)
+    return torch.randn(
+        *shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)
+    ).requires_grad_(grad)
 
 
 @pytest.mark.parametrize('x_shape', [(6, 4), (3, 2, 4), (2, 1, 3, 4)], ids=['2d', '3d', '4d'])
@@ -20,7 +24,8 @@ def test_linear_function_gradcheck(x_shape, bias):
     x, w = rand64(*x_shape, seed=1), rand64(5, 4, seed=2)
     b = rand64(5, seed=3) if bias else None
     assert torch.autograd.gradcheck(LinearFunction.apply, (x, w, b))
-    assert torch.autograd.gradcheck(LinearFunction.apply, (x.detach(), w, b))  # the input needs no gradient
+    # the input needs no gradient
+    assert torch.autograd.gradcheck(LinearFunction.apply, (x.detach(), w, b))
 
 
 def test_linear_function_returns_only_the_gradients_asked_for():
@@ -31,13 +36,18 @@ def test_linear_function_returns_only_the_gradients_asked_for():
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.integers(1, 6), st.integers(1, 6), st.integers(1, 6), st.integers(0, 2 ** 31 - 1))
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(1, 6), st.integers(0, 2**31 - 1))
 def test_linear_function_equals_f_linear(n, n_in, n_out, seed):
-    x, w, b = rand64(n, n_in, seed=seed), rand64(n_out, n_in, seed=seed + 1), rand64(n_out, seed=seed + 2)
+    x, w, b = (
+        rand64(n, n_in, seed=seed),
+        rand64(n_out, n_in, seed=seed + 1),
+        rand64(n_out, seed=seed + 2),
+    )
     up = rand64(n, n_out, seed=seed + 3, grad=False)
     ours = torch.autograd.grad(LinearFunction.apply(x, w, b), (x, w, b), up)
     theirs = torch.autograd.grad(F.linear(x, w, b), (x, w, b), up)
-    for a, t in zip(ours, theirs): ft.test_close(a, t, eps=1e-12)
+    for a, t in zip(ours, theirs):
+        ft.test_close(a, t, eps=1e-12)
 
 
 def test_relu_function_gradcheck_and_values():
@@ -45,7 +55,7 @@ def test_relu_function_gradcheck_and_values():
     assert torch.autograd.gradcheck(ReluFunction.apply, (x,))
     assert torch.equal(ReluFunction.apply(x), F.relu(x))
     up = rand64(4, 7, seed=5, grad=False)
-    g, = torch.autograd.grad(ReluFunction.apply(x), x, up)
+    (g,) = torch.autograd.grad(ReluFunction.apply(x), x, up)
     assert torch.equal(g, torch.where(x > 0, up, torch.zeros_like(up)))
 
 
@@ -61,7 +71,8 @@ def test_modules_are_drop_ins_for_nn_linear_and_relu():
     ft.test_close(ours(x), theirs(x), eps=1e-6)
     F.cross_entropy(ours(x), y).backward()
     F.cross_entropy(theirs(x), y).backward()
-    for p, q in zip(ours.parameters(), theirs.parameters()): ft.test_close(p.grad, q.grad, eps=1e-6)
+    for p, q in zip(ours.parameters(), theirs.parameters()):
+        ft.test_close(p.grad, q.grad, eps=1e-6)
     theirs.load_state_dict(ours.state_dict())  # and state dicts load either way
     assert 'in_features=20, out_features=8, bias=True' in repr(ours)
 
@@ -74,15 +85,36 @@ def test_linear_without_bias_and_with_leading_dimensions():
     ft.test_close(layer(x), F.linear(x, layer.weight), eps=1e-6)
 
 
-@pytest.mark.parametrize('make, error, message', [
-    (lambda: Linear(0, 3), ValueError, 'in_features must be >= 1, got 0'),
-    (lambda: Linear(4, -1), ValueError, 'out_features must be >= 1, got -1'),
-    (lambda: Linear(4.0, 3), TypeError, 'in_features must be an int, got 4.0'),
-    (lambda: Linear(True, 3), TypeError, 'in_features must be an int, got True'),
-    (lambda: Linear(4, 3, bias=None), TypeError, 'bias must be True or False, got None'),
-    (lambda: Linear(4, 3)(torch.randn(2, 5)), ValueError, r'x must have 4 features in its last dimension, got shape \(2, 5\)'),
-    (lambda: Linear(4, 3)(torch.tensor(1.)), ValueError, r'x must have 4 features in its last dimension, got shape \(\)'),
-    (lambda: Linear(4, 3)(torch.ones(2, 4, dtype=torch.long)), TypeError, 'x must be a floating point tensor, got torch.int64'),
-    (lambda: Linear(4, 3)([1., 2., 3., 4.]), TypeError, 'x must be a floating point tensor, got list')])
+@pytest.mark.parametrize(
+    'make, error, message',
+    [
+        (lambda: Linear(0, 3), ValueError, 'in_features must be >= 1, got 0'),
+        (lambda: Linear(4, -1), ValueError, 'out_features must be >= 1, got -1'),
+        (lambda: Linear(4.0, 3), TypeError, 'in_features must be an int, got 4.0'),
+        (lambda: Linear(True, 3), TypeError, 'in_features must be an int, got True'),
+        (lambda: Linear(4, 3, bias=None), TypeError, 'bias must be True or False, got None'),
+        (
+            lambda: Linear(4, 3)(torch.randn(2, 5)),
+            ValueError,
+            r'x must have 4 features in its last dimension, got shape \(2, 5\)',
+        ),
+        (
+            lambda: Linear(4, 3)(torch.tensor(1.0)),
+            ValueError,
+            r'x must have 4 features in its last dimension, got shape \(\)',
+        ),
+        (
+            lambda: Linear(4, 3)(torch.ones(2, 4, dtype=torch.long)),
+            TypeError,
+            'x must be a floating point tensor, got torch.int64',
+        ),
+        (
+            lambda: Linear(4, 3)([1.0, 2.0, 3.0, 4.0]),
+            TypeError,
+            'x must be a floating point tensor, got list',
+        ),
+    ],
+)
 def test_bad_input(make, error, message):
-    with pytest.raises(error, match=message): make()
+    with pytest.raises(error, match=message):
+        make()

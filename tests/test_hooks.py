@@ -1,4 +1,6 @@
-"""Unit tests for exp.hooks: Hook and Hooks, append_stats and ActivationStats, init_cnn, GeneralRelu (its exercises: test_exercises.py)."""
+"""Unit tests for exp.hooks: Hook and Hooks, append_stats and ActivationStats, init_cnn,
+GeneralRelu (its exercises: test_exercises.py)."""
+
 import math
 
 import matplotlib
@@ -21,21 +23,32 @@ def make_data(n=256, bs=32):
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(n, 20, generator=g), torch.randint(0, 4, (n,), generator=g)
     train, valid = Dataset(x[:192], y[:192]), Dataset(x[192:], y[192:])
-    return DataBunch(DataLoader(train, Sampler(train, bs, shuffle=True, seed=1)), DataLoader(valid, Sampler(valid, bs)), c=4)
+    return DataBunch(
+        DataLoader(train, Sampler(train, bs, shuffle=True, seed=1)),
+        DataLoader(valid, Sampler(valid, bs)),
+        c=4,
+    )
 
 
 def mlp():
-    return nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    return nn.Sequential(
+        nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)
+    )
 
 
-def n_hooks(model): return sum(len(m._forward_hooks) for m in model.modules())
+def n_hooks(model):
+    return sum(len(m._forward_hooks) for m in model.modules())
 
 
-# ---------------------------------------------------------------- Hook, Hooks
+# ---------------- Hook, Hooks
+
 
 def test_hook_calls_func_with_hook_module_input_output_and_is_removed():
     layer, calls = nn.Linear(3, 2), []
-    def record(hook, module, inp, out): calls.append((hook, module, inp[0].shape, out.shape))
+
+    def record(hook, module, inp, out):
+        calls.append((hook, module, inp[0].shape, out.shape))
+
     with Hook(layer, record) as hook:
         layer(torch.randn(5, 3))
         ft.test_eq(len(layer._forward_hooks), 1)
@@ -48,7 +61,8 @@ def test_hook_calls_func_with_hook_module_input_output_and_is_removed():
 def test_hook_does_not_change_the_output():
     layer = nn.Linear(3, 2)
     x = torch.randn(4, 3)
-    with torch.no_grad(), Hook(layer, lambda *args: None): ft.test_eq(layer(x), F.linear(x, layer.weight, layer.bias))
+    with torch.no_grad(), Hook(layer, lambda *args: None):
+        ft.test_eq(layer(x), F.linear(x, layer.weight, layer.bias))
 
 
 def test_hooks_are_removed_when_the_block_fails():
@@ -70,26 +84,35 @@ def test_hooks_container():
     assert 'ReLU' in repr(hooks)
     hooks.remove()
     ft.test_eq(n_hooks(model), 0)
-    with Hooks(model.children(), lambda *args: None) as hooks: ft.test_eq(len(hooks), 5)  # any iterable
+    # any iterable
+    with Hooks(model.children(), lambda *args: None) as hooks:
+        ft.test_eq(len(hooks), 5)
 
 
 def test_hook_arguments_are_checked():
-    with pytest.raises(TypeError, match='module must be an nn.Module, got function'): Hook(lambda x: x, print)
-    with pytest.raises(TypeError, match="func must be callable, got 'f'"): Hook(nn.ReLU(), 'f')
-    with pytest.raises(TypeError, match='use Hook for a single module'): Hooks(nn.ReLU(), print)
+    with pytest.raises(TypeError, match='module must be an nn.Module, got function'):
+        Hook(lambda x: x, print)
+    with pytest.raises(TypeError, match="func must be callable, got 'f'"):
+        Hook(nn.ReLU(), 'f')
+    with pytest.raises(TypeError, match='use Hook for a single module'):
+        Hooks(nn.ReLU(), print)
     relu = nn.ReLU()
-    with pytest.raises(TypeError, match='module must be an nn.Module, got int'): Hooks([relu, 3], print)
+    with pytest.raises(TypeError, match='module must be an nn.Module, got int'):
+        Hooks([relu, 3], print)
     ft.test_eq(len(relu._forward_hooks), 0)  # the hook already on relu was taken off
 
 
-# ---------------------------------------------------------------- append_stats
+# ---------------- append_stats
+
 
 def test_append_stats_records_mean_std_histogram_in_training_only():
     relu = nn.ReLU()
     x = torch.randn(64, 8, generator=torch.Generator().manual_seed(0)) * 3
     with Hook(relu, append_stats) as hook:
         relu(x)
-        relu.eval(); relu(x); relu.train()
+        relu.eval()
+        relu(x)
+        relu.train()
         relu(x * 2)
     means, stds, hists = hook.stats
     ft.test_eq(len(means), 2)
@@ -102,17 +125,22 @@ def test_append_stats_records_mean_std_histogram_in_training_only():
 
 
 def test_append_stats_never_synchronises(monkeypatch):
-    # a hook that called .item(), float(), bool() or .tolist() on a CUDA tensor would make the GPU wait every batch
-    def refuse(*args, **kwargs): raise AssertionError('append_stats read a tensor value on the host')
+    # a hook that called .item(), float(), bool() or .tolist() on a CUDA tensor would make the GPU
+    # wait every batch
+    def refuse(*args, **kwargs):
+        raise AssertionError('append_stats read a tensor value on the host')
+
     relu = nn.ReLU()
     with Hook(relu, append_stats) as hook:
-        for name in ('item', 'tolist', '__float__', '__bool__', '__int__'): monkeypatch.setattr(torch.Tensor, name, refuse)
+        for name in ('item', 'tolist', '__float__', '__bool__', '__int__'):
+            monkeypatch.setattr(torch.Tensor, name, refuse)
         relu(torch.randn(16, 4))
         monkeypatch.undo()
     assert all(isinstance(t, torch.Tensor) for t in hook.stats[0] + hook.stats[1] + hook.stats[2])
 
 
-# ---------------------------------------------------------------- ActivationStats
+# ---------------- ActivationStats
+
 
 def fit_with(stats, epochs=2, model=None, cbs=()):
     set_seed(0)
@@ -125,7 +153,8 @@ def fit_with(stats, epochs=2, model=None, cbs=()):
 def test_activation_stats_shapes_and_values():
     stats = ActivationStats(nn.ReLU)
     model = fit_with(stats)
-    ft.test_eq(stats.means.shape, (2, 12))  # 2 ReLUs, 6 training batches x 2 epochs: validation not recorded
+    # 2 ReLUs, 6 training batches x 2 epochs: validation not recorded
+    ft.test_eq(stats.means.shape, (2, 12))
     ft.test_eq(stats.hists.shape, (2, 12, 40))
     ft.test_eq(stats.names, ['1 ReLU', '3 ReLU'])
     ft.test_eq(n_hooks(model), 0)
@@ -139,9 +168,14 @@ def test_activation_stats_equal_a_direct_computation():
 
     class Grab(Callback):
         _order = 1
+
         def after_pred(self):
-            # the first block's output, computed without the model (which would fire the hooks again)
-            if self.in_train: seen.append(F.linear(self.xb, self.model[0].weight, self.model[0].bias).relu().detach())
+            # the first block's output, computed without the model (which would fire the hooks
+            # again)
+            if self.in_train:
+                seen.append(
+                    F.linear(self.xb, self.model[0].weight, self.model[0].bias).relu().detach()
+                )
 
     stats = ActivationStats()  # default: the model's children
     fit_with(stats, epochs=1, cbs=[Grab()])
@@ -158,7 +192,7 @@ def test_activation_stats_choice_of_modules():
     stats = ActivationStats(linears)
     fit_with(stats, epochs=1, model=model)
     ft.test_eq(stats.names, ['0 Linear', '4 Linear'])
-    stats = ActivationStats((nn.ReLU, nn.Linear), bins=10, max_abs=2.)
+    stats = ActivationStats((nn.ReLU, nn.Linear), bins=10, max_abs=2.0)
     fit_with(stats, epochs=1)
     ft.test_eq(stats.hists.shape, (5, 6, 10))
 
@@ -166,10 +200,12 @@ def test_activation_stats_choice_of_modules():
 def test_activation_stats_remove_hooks_after_an_error_and_refit_afresh():
     class Boom(Callback):
         def after_batch(self):
-            if self.n_iter == 2: raise RuntimeError('boom')
+            if self.n_iter == 2:
+                raise RuntimeError('boom')
 
     stats, model = ActivationStats(nn.ReLU), mlp()
-    with pytest.raises(RuntimeError, match='boom'): fit_with(stats, model=model, cbs=[Boom()])
+    with pytest.raises(RuntimeError, match='boom'):
+        fit_with(stats, model=model, cbs=[Boom()])
     ft.test_eq(n_hooks(model), 0)
     ft.test_eq(stats.means.shape, (2, 2))
     fit_with(stats, epochs=1, model=model)
@@ -178,21 +214,31 @@ def test_activation_stats_remove_hooks_after_an_error_and_refit_afresh():
 
 
 def test_activation_stats_arguments_are_checked():
-    with pytest.raises(TypeError, match='modules must be None, an nn.Module class'): ActivationStats('relu')
-    with pytest.raises(TypeError, match='modules must be None'): ActivationStats([nn.ReLU(), 1])
-    with pytest.raises(TypeError, match='modules must be None'): ActivationStats((nn.ReLU, int))
-    with pytest.raises(ValueError, match='bins must be a positive int, got 0'): ActivationStats(bins=0)
-    with pytest.raises(ValueError, match='bins must be a positive int'): ActivationStats(bins=True)
-    with pytest.raises(ValueError, match='max_abs must be a finite number > 0, got -1'): ActivationStats(max_abs=-1)
-    with pytest.raises(ValueError, match='fit with this callback first'): ActivationStats().stds
+    with pytest.raises(TypeError, match='modules must be None, an nn.Module class'):
+        ActivationStats('relu')
+    with pytest.raises(TypeError, match='modules must be None'):
+        ActivationStats([nn.ReLU(), 1])
+    with pytest.raises(TypeError, match='modules must be None'):
+        ActivationStats((nn.ReLU, int))
+    with pytest.raises(ValueError, match='bins must be a positive int, got 0'):
+        ActivationStats(bins=0)
+    with pytest.raises(ValueError, match='bins must be a positive int'):
+        ActivationStats(bins=True)
+    with pytest.raises(ValueError, match='max_abs must be a finite number > 0, got -1'):
+        ActivationStats(max_abs=-1)
+    with pytest.raises(ValueError, match='fit with this callback first'):
+        ActivationStats().stds
     stats = ActivationStats()
     fit_with(stats, epochs=0)  # a fit without a training batch
-    with pytest.raises(ValueError, match='fit with this callback first'): stats.means
+    with pytest.raises(ValueError, match='fit with this callback first'):
+        stats.means
     model = mlp()
-    with pytest.raises(ValueError, match='found no modules to hook'): fit_with(ActivationStats(nn.Conv2d), model=model)
+    with pytest.raises(ValueError, match='found no modules to hook'):
+        fit_with(ActivationStats(nn.Conv2d), model=model)
     ft.test_eq(n_hooks(model), 0)
     stranger = nn.ReLU()  # not in the model: its statistics would stay empty, fit after fit
-    with pytest.raises(ValueError, match='not in the model being fitted: ReLU'): fit_with(ActivationStats([model[0], stranger]), model=model)
+    with pytest.raises(ValueError, match='not in the model being fitted: ReLU'):
+        fit_with(ActivationStats([model[0], stranger]), model=model)
     ft.test_eq(n_hooks(model) + n_hooks(stranger), 0)
 
 
@@ -207,48 +253,73 @@ def test_activation_stats_plots():
     matplotlib.pyplot.close('all')
 
 
-# ---------------------------------------------------------------- init_cnn, GeneralRelu
+# ---------------- init_cnn, GeneralRelu
 
-@pytest.mark.parametrize('leak', [0., 0.1, 1.])
+
+@pytest.mark.parametrize('leak', [0.0, 0.1, 1.0])
 def test_init_cnn_is_he_normal(leak):
     set_seed(0)
-    model = init_cnn(nn.Sequential(nn.Conv2d(32, 64, 3), nn.Linear(500, 300), nn.Conv1d(8, 8, 5, bias=False)), leak=leak)
+    model = init_cnn(
+        nn.Sequential(nn.Conv2d(32, 64, 3), nn.Linear(500, 300), nn.Conv1d(8, 8, 5, bias=False)),
+        leak=leak,
+    )
     for m, fan_in in zip(model, (32 * 9, 500, 40)):
-        ft.test_close(m.weight.std().item(), math.sqrt(2 / ((1 + leak ** 2) * fan_in)), eps=0.03 * math.sqrt(2 / fan_in))
-        if m.bias is not None: ft.test_eq(m.bias.abs().max().item(), 0.)
-    with pytest.raises(ValueError, match='leak must be a number >= 0, got -0.1'): init_cnn(model, leak=-0.1)
+        ft.test_close(
+            m.weight.std().item(),
+            math.sqrt(2 / ((1 + leak**2) * fan_in)),
+            eps=0.03 * math.sqrt(2 / fan_in),
+        )
+        if m.bias is not None:
+            ft.test_eq(m.bias.abs().max().item(), 0.0)
+    with pytest.raises(ValueError, match='leak must be a number >= 0, got -0.1'):
+        init_cnn(model, leak=-0.1)
 
 
 def test_init_cnn_keeps_the_std_through_20_relu_layers():
-    # seed 0, width 256, batch 512: the pre-activation std stays in [0.7, 1.4]; with PyTorch's default it ends below 1e-6
+    # seed 0, width 256, batch 512: the pre-activation std stays in [0.7, 1.4]; with PyTorch's
+    # default it ends below 1e-6
     set_seed(0)
-    model = init_cnn(nn.Sequential(*[m for _ in range(20) for m in (nn.Linear(256, 256), nn.ReLU())]))
+    model = init_cnn(
+        nn.Sequential(*[m for _ in range(20) for m in (nn.Linear(256, 256), nn.ReLU())])
+    )
     x, stds = torch.randn(512, 256).relu(), []
     for m in model:
         x = m(x)
-        if isinstance(m, nn.Linear): stds.append(x.std().item())
+        if isinstance(m, nn.Linear):
+            stds.append(x.std().item())
     assert all(0.7 < s < 1.4 for s in stds), stds
-    default = nn.Sequential(*[m for _ in range(20) for m in (nn.Linear(256, 256, bias=False), nn.ReLU())])
+    default = nn.Sequential(
+        *[m for _ in range(20) for m in (nn.Linear(256, 256, bias=False), nn.ReLU())]
+    )
     assert default(torch.randn(512, 256)).std() < 1e-6
 
 
 @settings(max_examples=50, deadline=None)
-@given(leak=st.one_of(st.none(), st.floats(0, 1)), sub=st.one_of(st.none(), st.floats(-1, 1)),
-       maxv=st.one_of(st.none(), st.floats(0.5, 10)))
+@given(
+    leak=st.one_of(st.none(), st.floats(0, 1)),
+    sub=st.one_of(st.none(), st.floats(-1, 1)),
+    maxv=st.one_of(st.none(), st.floats(0.5, 10)),
+)
 def test_general_relu_matches_torch_ops(leak, sub, maxv):
     x = torch.randn(200, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 5
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     ours = GeneralRelu(leak, sub, maxv)(x1)
     ref = F.leaky_relu(x2, leak) if leak is not None else F.relu(x2)
-    if sub is not None: ref = ref - sub
-    if maxv is not None: ref = ref.clamp_max(maxv)
+    if sub is not None:
+        ref = ref - sub
+    if maxv is not None:
+        ref = ref.clamp_max(maxv)
     ft.test_eq(ours.detach(), ref.detach())
-    ours.sum().backward(); ref.sum().backward()
+    ours.sum().backward()
+    ref.sum().backward()
     ft.test_eq(x1.grad, x2.grad)
 
 
 def test_general_relu_arguments():
-    with pytest.raises(ValueError, match='leak must be >= 0 or None, got -0.1'): GeneralRelu(leak=-0.1)
-    with pytest.raises(ValueError, match="sub must be a finite number or None, got 'a'"): GeneralRelu(sub='a')
-    with pytest.raises(ValueError, match='maxv must be a finite number or None, got nan'): GeneralRelu(maxv=float('nan'))
-    assert 'leak=0.1, sub=0.4, maxv=6.0' in repr(GeneralRelu(0.1, 0.4, 6.))
+    with pytest.raises(ValueError, match='leak must be >= 0 or None, got -0.1'):
+        GeneralRelu(leak=-0.1)
+    with pytest.raises(ValueError, match="sub must be a finite number or None, got 'a'"):
+        GeneralRelu(sub='a')
+    with pytest.raises(ValueError, match='maxv must be a finite number or None, got nan'):
+        GeneralRelu(maxv=float('nan'))
+    assert 'leak=0.1, sub=0.4, maxv=6.0' in repr(GeneralRelu(0.1, 0.4, 6.0))

@@ -1,4 +1,6 @@
-"""The notebook tools: the course order, the source fingerprint, and the outputs refresh on small notebooks."""
+"""The notebook tools: the course order, the source fingerprint, and the outputs refresh on small
+notebooks."""
+
 import json
 import sysconfig
 import tempfile
@@ -8,21 +10,51 @@ import pytest
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
 
 from tools import outputs
-from tools.notebooks import SOURCE_KEY, notebook_key, notebooks, source_hash
+from tools.notebooks import SOURCE_KEY, is_appendix, notebook_key, notebooks, source_hash
 
 
 def test_notebooks_in_course_order(tmp_path):
-    names = ['10_learner.ipynb', '03_minibatch.ipynb', '02b_backprop.ipynb', '02_cross_entropy.ipynb',
-             '08a_hooks.ipynb', '08_cnn.ipynb', 'index.ipynb', '2_short.ipynb', '02B_upper.ipynb', '02_notes.md']
-    for name in names: (tmp_path / name).write_text('{}')
-    ft.test_eq([p.name for p in notebooks(tmp_path)], ['02_cross_entropy.ipynb', '02b_backprop.ipynb', '03_minibatch.ipynb',
-                                                    '08_cnn.ipynb', '08a_hooks.ipynb', '10_learner.ipynb'])
-    ft.test_fail(lambda: notebook_key(tmp_path / 'index.ipynb'), contains="'index.ipynb' is not a course notebook name")
+    names = [
+        '10_learner.ipynb',
+        '03_minibatch.ipynb',
+        '02b_backprop.ipynb',
+        '02_cross_entropy.ipynb',
+        '08a_hooks.ipynb',
+        '08_cnn.ipynb',
+        'A10_late.ipynb',
+        'A2_checkpoint.ipynb',
+        'A1_downloads.ipynb',
+        'A1b_cache.ipynb',
+        'index.ipynb',
+        '2_short.ipynb',
+        '02B_upper.ipynb',
+        'A_nonumber.ipynb',
+        'a1_lower.ipynb',
+        '02_notes.md',
+    ]
+    for name in names:
+        (tmp_path / name).write_text('{}')
+    lessons = [
+        '02_cross_entropy.ipynb',
+        '02b_backprop.ipynb',
+        '03_minibatch.ipynb',
+        '08_cnn.ipynb',
+        '08a_hooks.ipynb',
+        '10_learner.ipynb',
+    ]
+    appendix = ['A1_downloads.ipynb', 'A1b_cache.ipynb', 'A2_checkpoint.ipynb', 'A10_late.ipynb']
+    ft.test_eq([p.name for p in notebooks(tmp_path)], lessons + appendix)
+    ft.test_eq([is_appendix(p) for p in notebooks(tmp_path)], [False] * 6 + [True] * 4)
+    ft.test_fail(
+        lambda: notebook_key(tmp_path / 'index.ipynb'),
+        contains="'index.ipynb' is not a course notebook name",
+    )
 
 
 def test_every_notebook_in_nbs_is_found():
+    "No notebook in nbs/ is left out of the tools (tests, outputs, site): each has a course name."
     found = {p.name for p in notebooks()}
-    assert found and found == {p.name for p in (outputs.NBS).glob('[0-9][0-9]*_*.ipynb')}
+    assert found and found == {p.name for p in outputs.NBS.glob('*.ipynb')}
 
 
 def test_source_hash():
@@ -34,14 +66,24 @@ def test_scrub_text(monkeypatch):
     monkeypatch.setenv('EXP_DATA', '/somewhere/cache')
     subs = outputs.path_replacements()
     tmp = tempfile.gettempdir()
-    text = (f"<exp.callbacks.Runner at 0x7fcba8e03f50> checkpoint {tmp}/tmpgts9_b54/resume.pth, "
-            f"cache /somewhere/cache/mnist, code {outputs.ROOT}/nbs, magic 0x01000803")
-    ft.test_eq(outputs.scrub_text(text, subs),
-            '<exp.callbacks.Runner> checkpoint <tmp>/resume.pth, cache $EXP_DATA/mnist, code <repo>/nbs, magic 0x01000803')
+    text = (
+        f"<exp.callbacks.Runner at 0x7fcba8e03f50> checkpoint {tmp}/tmpgts9_b54/resume.pth, "
+        f"cache /somewhere/cache/mnist, code {outputs.ROOT}/nbs, magic 0x01000803"
+    )
+    ft.test_eq(
+        outputs.scrub_text(text, subs),
+        '<exp.callbacks.Runner> checkpoint <tmp>/resume.pth, cache $EXP_DATA/mnist, code '
+        '<repo>/nbs, magic 0x01000803',
+    )
     # torch's log lines: the same source file, whichever Python ran it
     purelib = sysconfig.get_paths()['purelib']
-    for log in ('E1204 api.py site-packages/torch/distributed/run.py:1002] failed', 'E1204 api.py torch/distributed/run.py:1002] failed'):
-        ft.test_eq(outputs.scrub_text(log, subs), 'E1204 api.py torch/distributed/run.py:1002] failed')
+    for log in (
+        'E1204 api.py site-packages/torch/distributed/run.py:1002] failed',
+        'E1204 api.py torch/distributed/run.py:1002] failed',
+    ):
+        ft.test_eq(
+            outputs.scrub_text(log, subs), 'E1204 api.py torch/distributed/run.py:1002] failed'
+        )
     ft.test_eq(outputs.scrub_text(f'{purelib}/torch/x.py', subs), '<site-packages>/torch/x.py')
 
 
@@ -53,15 +95,25 @@ def _notebook(path, *sources):
 
 
 def test_refresh_writes_scrubbed_outputs_and_fingerprints(tmp_path):
-    nb = _notebook(tmp_path / '01_demo.ipynb', 'import os, tempfile\nprint(tempfile.mkdtemp())',
-                   "import sys, time\nprint(os.environ['PYTHONHASHSEED'], os.environ['CUDA_VISIBLE_DEVICES'] == '')\n"
-                   "sys.stdout.flush(); time.sleep(0.5)\nprint('more')",  # two messages: one output, as Jupyter shows them
-                   'import matplotlib.pyplot as plt\nplt.plot([1, 2, 3]);')
+    nb = _notebook(
+        tmp_path / '01_demo.ipynb',
+        'import os, tempfile\nprint(tempfile.mkdtemp())',
+        "import sys, time\nprint(os.environ['PYTHONHASHSEED'], os.environ['CUDA_VISIBLE_DEVICES'] "
+        "== '')\n"
+        # two messages: one output, as Jupyter shows them
+        "sys.stdout.flush(); time.sleep(0.5)\nprint('more')",
+        'import matplotlib.pyplot as plt\nplt.plot([1, 2, 3]);',
+    )
     assert outputs.refresh(nb, outputs.path_replacements())
     cells = json.loads(nb.read_text())['cells']
-    ft.test_eq([c['metadata'][SOURCE_KEY] for c in cells], [source_hash(c['source']) for c in cells])
+    ft.test_eq(
+        [c['metadata'][SOURCE_KEY] for c in cells], [source_hash(c['source']) for c in cells]
+    )
     ft.test_eq(cells[0]['outputs'][0]['text'], ['<tmp>\n'])
-    ft.test_eq(cells[1]['outputs'], [{'name': 'stdout', 'output_type': 'stream', 'text': ['0 True\n', 'more\n']}])
+    ft.test_eq(
+        cells[1]['outputs'],
+        [{'name': 'stdout', 'output_type': 'stream', 'text': ['0 True\n', 'more\n']}],
+    )
     assert 'image/png' in cells[2]['outputs'][0]['data'], 'the plot is not in the outputs'
 
 
@@ -76,4 +128,5 @@ def test_refresh_leaves_a_failing_notebook_unchanged(tmp_path, capsys):
 def test_resolve_names_notebooks():
     first = notebooks()[0]
     ft.test_eq(outputs.resolve([first.stem, first.name, str(first)]), [first] * 3)
-    with pytest.raises(SystemExit, match="no notebook 'nope'"): outputs.resolve(['nope'])
+    with pytest.raises(SystemExit, match="no notebook 'nope'"):
+        outputs.resolve(['nope'])

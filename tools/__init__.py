@@ -1,1 +1,2 @@
-"Developer tools: refreshing the notebooks' outputs, building and checking the course website, rebuilding the embedded digits."
+"""Developer tools: refreshing the notebooks' outputs, building and checking the course website,
+rebuilding the embedded digits."""
