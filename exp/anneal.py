@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from functools import partial, wraps
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Any, Callable, Sequence
 
 import torch
@@ -148,6 +148,10 @@ class Recorder(Callback):
         return ax.figure
 
 # %% ../nbs/05_anneal.ipynb #ea256715
+# hyperparameters that torch's optimizers, and ours, require to be >= 0
+_NON_NEGATIVE = frozenset({'lr', 'momentum', 'weight_decay', 'eps', 'dampening'})
+
+
 class ParamScheduler(Callback):
     """Sets hyperparameter `pname` (element `idx` of it, if a tuple) of each param group at every
     training batch."""
@@ -216,8 +220,19 @@ class ParamScheduler(Callback):
         self._values = {}
         for _ in range(iters):
             pos = n_epochs / epochs
-            self._values[pos] = [f(pos) for f in self.funcs]
+            self._values[pos] = self._checked(pos, [f(pos) for f in self.funcs])
             n_epochs += 1.0 / iters
+
+    def _checked(self, pos: float, values: list) -> list:
+        "`values`, unless one is not a finite number (or, for a rate, is negative): then raise."
+        for value in values:
+            ok = isinstance(value, Real) and math.isfinite(value)
+            if not ok or (value < 0 and self.pname in _NON_NEGATIVE):
+                raise ValueError(
+                    f"the schedule of {self.pname!r} gives {value!r} at position {pos:.4g}: "
+                    + ('a rate must be >= 0' if ok else 'a finite number is needed')
+                )
+        return values
 
     def begin_batch(self):
         "In training, write each group's schedule at `pos = n_epochs / epochs` into the group."
@@ -226,7 +241,7 @@ class ParamScheduler(Callback):
             return
         pos = run.n_epochs / run.epochs
         # a position not counted ahead: computed now
-        values = self._values.get(pos) or [f(pos) for f in self.funcs]
+        values = self._values.get(pos) or self._checked(pos, [f(pos) for f in self.funcs])
         if self.idx is None:
             for value, pg in zip(values, run.learn.opt.param_groups):
                 pg[self.pname] = value

@@ -267,6 +267,24 @@ def check_events(cb: Callback) -> None:
     """Raise ValueError if `cb` has a method whose name looks like an event but is not one (a typo
     would be ignored)."""
     _check_event_names(type(cb))
+    for name, value in vars(cb).items():  # handlers set on the callback itself
+        if callable(value) and not name.startswith('_') and name not in EVENTS:
+            _check_event_name(type(cb).__name__, name)
+
+
+# fastai v1's names for the events, and ours
+_FASTAI_V1 = {
+    'on_train_begin': 'begin_fit',
+    'on_epoch_begin': 'begin_epoch',
+    'on_batch_begin': 'begin_batch',
+    'on_loss_begin': 'after_pred',
+    'on_backward_begin': 'after_loss',
+    'on_backward_end': 'after_backward',
+    'on_step_end': 'after_step',
+    'on_batch_end': 'after_batch',
+    'on_epoch_end': 'after_epoch',
+    'on_train_end': 'after_fit',
+}
 
 
 # once per class: the fuzzy matching costs about a millisecond per fit otherwise (a class that fails
@@ -276,16 +294,23 @@ def _check_event_names(cls: type) -> None:
     for name in dir(cls):
         if name.startswith('_') or name in EVENTS or not callable(getattr(cls, name, None)):
             continue
-        near = difflib.get_close_matches(name, EVENTS, n=1, cutoff=0.8)
-        # fastai v2's name
-        if not near and name.startswith('before_') and 'begin_' + name[7:] in EVENTS:
-            near = ['begin_' + name[7:]]
-        if near or name.startswith(('begin_', 'after_', 'before_')):
-            hint = f"did you mean {near[0]!r}? " if near else ''
-            raise ValueError(
-                f"{cls.__name__}.{name} looks like an event but is not one; {hint}"
-                f"events are: {', '.join(EVENTS)}"
-            )
+        _check_event_name(cls.__name__, name)
+
+
+def _check_event_name(owner: str, name: str) -> None:
+    "Raise ValueError if `name`, not an event, looks like one (a typo, or fastai's name for one)."
+    near = difflib.get_close_matches(name, EVENTS, n=1, cutoff=0.8)
+    # fastai v2's name, or v1's
+    if not near and name.startswith('before_') and 'begin_' + name[7:] in EVENTS:
+        near = ['begin_' + name[7:]]
+    if not near and name in _FASTAI_V1:
+        near = [_FASTAI_V1[name]]
+    if near or name.startswith(('begin_', 'after_', 'before_')):
+        hint = f"did you mean {near[0]!r}? " if near else ''
+        raise ValueError(
+            f"{owner}.{name} looks like an event but is not one; {hint}"
+            f"events are: {', '.join(EVENTS)}"
+        )
 
 # %% ../nbs/04_callbacks.ipynb #430e31ed
 class TrainEvalCallback(Callback):
@@ -465,7 +490,8 @@ class Runner:
             e: [
                 cb
                 for cb in (cbs[::-1] if e == 'after_fit' else cbs)
-                if callable(getattr(type(cb), e, None))
+                # a handler of the class, or one set on the callback itself (`cb.begin_fit = f`)
+                if callable(getattr(type(cb), e, None)) or callable(vars(cb).get(e))
             ]
             for e in EVENTS
         }
@@ -498,6 +524,11 @@ class Runner:
             self.pred = learn.model(self.xb)
             self('after_pred')
             self.loss = learn.loss_func(self.pred, self.yb)
+            if self.loss.ndim:  # reduction='none': backward would fail, the averages be wrong
+                raise ValueError(
+                    f"the loss function must return one number (a 0-d tensor), got shape "
+                    f"{tuple(self.loss.shape)}: reduction='none'?"
+                )
             self('after_loss')
             if self.in_train:
                 self.loss.backward()

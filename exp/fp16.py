@@ -210,10 +210,17 @@ class MixedPrecision(Callback):
             raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
         if not isinstance(max_noskip, int) or max_noskip < 1:
             raise ValueError(f"max_noskip must be an int >= 1, got {max_noskip!r}")
-        if clip is not None and not clip > 0:
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, Real)):
+            raise TypeError(f"clip must be a number > 0 or None, got {clip!r}")
+        if clip is not None and not 0 < clip < math.inf:
             raise ValueError(f"clip must be > 0 or None, got {clip}")
-        if not isinstance(loss_fp32, bool):
-            raise TypeError(f"loss_fp32 must be True or False, got {loss_fp32!r}")
+        for name, flag in (
+            ('loss_fp32', loss_fp32),
+            ('dynamic', dynamic),
+            ('flat_master', flat_master),
+        ):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
         # bf16 has fp32's range: nothing to scale
         if dtype == torch.bfloat16:
             loss_scale, dynamic, min_scale = 1.0, False, 1.0

@@ -87,6 +87,9 @@ class Dataset:
     indices."""
 
     def __init__(self, x: Tensor, y: Tensor):
+        for name, t in (('x', x), ('y', y)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} must be a tensor (torch.tensor makes one), got {t!r:.60}")
         if len(x) != len(y):
             raise ValueError(
                 f"x and y must have the same length, got len(x)={len(x)}, len(y)={len(y)}"
@@ -131,6 +134,9 @@ class Sampler:
             raise ValueError(f"bs must be a positive int, got {bs!r}")
         if len(ds) == 0:
             raise ValueError("ds is empty: nothing to sample")
+        for name, flag in (('shuffle', shuffle), ('drop_last', drop_last)):
+            if not isinstance(flag, bool):  # 'no' is true to Python: it would shuffle
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
         self.n, self.bs, self.shuffle, self.drop_last = len(ds), bs, shuffle, drop_last
         if seed is None:
             seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))

@@ -73,10 +73,48 @@ class _Optimizer(Optimizer):
     group to `_step_group`."""
 
     _check_hypers: Callable[[dict, str], None]
+    _hypers: tuple[str, ...]  # the hyperparameters `_check_hypers` checks and a step reads
+    _state_keys: frozenset[str]  # what `_step_group` keeps per parameter, once it has stepped it
+    # torch's options that change what a step computes, at the value that leaves it unchanged: a
+    # state dict of torch's that turns one on would be stepped wrongly here, so it is refused
+    _torch_flags: dict = {'maximize': False}
 
     def __init__(self, params: Iterable, defaults: dict):
         self._check_hypers(defaults)
         super().__init__(params, defaults)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        "torch's load_state_dict, once the state is checked to be one this optimizer can step."
+        name = type(self).__name__
+        if not isinstance(state_dict, dict) or not {'state', 'param_groups'} <= state_dict.keys():
+            raise TypeError(f"state_dict must be an optimizer's state dict, got {state_dict!r:.80}")
+        for i, group in enumerate(state_dict['param_groups']):
+            where = f"state_dict's param group {i}: "
+            missing = [k for k in self._hypers if k not in group]
+            if missing:
+                raise ValueError(f"{where}no {missing[0]!r}: the state of another optimizer")
+            for flag, off in self._torch_flags.items():
+                if group.get(flag, off) != off:
+                    raise ValueError(f"{where}{flag}={group[flag]!r}, which {name} does not do")
+            self._check_hypers({k: group[k] for k in self._hypers}, where)
+        ours = [p for group in self.param_groups for p in group['params']]
+        ids = [i for group in state_dict['param_groups'] for i in group['params']]
+        shapes = dict(zip(ids, (p.shape for p in ours))) if len(ids) == len(ours) else {}
+        for i, state in state_dict['state'].items():
+            keys = {k for k, v in state.items() if v is not None}
+            if keys and keys != self._state_keys:
+                raise ValueError(
+                    f"state_dict's state of parameter {i} holds {sorted(keys)}, "
+                    f"where {name} keeps {sorted(self._state_keys)}"
+                )
+            for k in keys - {'step'}:
+                v = state[k]
+                if not isinstance(v, Tensor) or (i in shapes and v.shape != shapes[i]):
+                    raise ValueError(
+                        f"state_dict's {k} of parameter {i} must be a tensor of shape "
+                        f"{tuple(shapes.get(i, ()))}, got {getattr(v, 'shape', v)!r}"
+                    )
+        super().load_state_dict(state_dict)
 
     def add_param_group(self, param_group: dict) -> None:
         """Add a group of parameters, with hyperparameters of its own where it gives them; checked
@@ -111,6 +149,8 @@ class SGD(_Optimizer):
     torch._foreach_* operations."""
 
     _check_hypers = staticmethod(_check_sgd)
+    _hypers = ('lr', 'momentum', 'dampening', 'weight_decay', 'nesterov')
+    _state_keys = frozenset({'momentum_buffer'})
 
     def __init__(
         self,
@@ -163,7 +203,10 @@ class Adam(_Optimizer):
     gradient, with torch._foreach_* operations."""
 
     _check_hypers = staticmethod(_check_adam)
+    _hypers = ('lr', 'betas', 'eps', 'weight_decay')
+    _state_keys = frozenset({'step', 'exp_avg', 'exp_avg_sq'})
     _decoupled = False  # AdamW: decay the weights directly, not through the gradient
+    _torch_flags = {'maximize': False, 'amsgrad': False, 'decoupled_weight_decay': False}
 
     def __init__(
         self,
@@ -200,6 +243,13 @@ class Adam(_Optimizer):
                 state['exp_avg_sq'] = torch.zeros_like(p, memory_format=torch.preserve_format)
         steps = [s['step'] for s in states]
         exp_avgs, exp_avg_sqs = [s['exp_avg'] for s in states], [s['exp_avg_sq'] for s in states]
+        if any(p.is_complex() for p in params):
+            # as torch does: a complex weight is two real ones (so exp_avg_sq sums re^2 and im^2,
+            # not the complex g*g)
+            params, grads, exp_avgs, exp_avg_sqs = (
+                [torch.view_as_real(t) if t.is_complex() else t for t in ts]
+                for ts in (params, grads, exp_avgs, exp_avg_sqs)
+            )
         torch._foreach_add_(steps, 1.0)
         if wd != 0:
             if self._decoupled:
@@ -222,6 +272,7 @@ class AdamW(Adam):
     before the step."""
 
     _decoupled = True
+    _torch_flags = {**Adam._torch_flags, 'decoupled_weight_decay': True}
 
     def __init__(
         self,

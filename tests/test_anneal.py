@@ -570,3 +570,23 @@ def test_one_cycle_accuracy_on_embedded_mnist():
     run.fit(5, learn)
     acc = run.avg_stats.history[-1]['valid_accuracy']
     assert acc >= 0.92, acc
+
+
+def test_a_schedule_that_leaves_the_allowed_range_is_refused_before_it_is_used():
+    "A negative lr (or a nan anywhere) is refused at the start of the epoch, the weights untouched."
+    for sched, message in [
+        (sched_lin(0.1, -0.1), "the schedule of 'lr' gives -0.0333"),
+        (lambda pos: float('nan'), "the schedule of 'lr' gives nan at position 0: a finite"),
+    ]:
+        learn = make_learner(make_data(n_train=12, bs=4), lr=0.1)
+        before = [p.detach().clone() for p in learn.model.parameters()]
+        run = Runner(cbs=[ParamScheduler('lr', sched)])
+        ft.test_fail(lambda: run.fit(1, learn), contains=message)
+        for p, q in zip(before, learn.model.parameters()):
+            ft.test_eq(p, q.detach())
+    # a momentum schedule may go down, not below zero; another hyperparameter may be negative
+    run = Runner(cbs=[ParamScheduler('momentum', sched_lin(0.5, -0.5))])
+    ft.test_fail(
+        lambda: run.fit(1, make_learner(make_data(n_train=12, bs=4))),
+        contains="the schedule of 'momentum' gives",
+    )

@@ -877,3 +877,36 @@ def test_databunch_states_load_all_or_nothing():
     # the first was not set either
     for s, t in zip(data.state_dict()['samplers'], before['samplers']):
         ft.test_eq(s, t)
+
+
+# ---------------- handlers the runner would silently skip, and losses it cannot average
+
+
+def test_fastai_v1_event_names_are_refused_with_ours():
+    class V1(Callback):
+        def on_batch_end(self):
+            pass
+
+    ft.test_fail(lambda: Runner(cbs=[V1()]), contains="did you mean 'after_batch'?")
+    cb = Callback()
+    cb.on_epoch_end = lambda: None  # on the instance: checked too
+    ft.test_fail(lambda: Runner(cbs=[cb]), contains="Callback.on_epoch_end looks like an event")
+
+
+def test_a_handler_set_on_a_callback_instance_runs():
+    seen = []
+    cb = Callback()
+    cb.begin_batch = lambda: seen.append('batch')
+    cb.after_fit = lambda: seen.append('fit')
+    learn = make_learner(make_data(n_train=8, n_valid=4, bs=4))
+    Runner(cbs=[cb]).fit(1, learn)
+    ft.test_eq(seen, ['batch'] * 3 + ['fit'])  # 2 training batches, 1 validation batch
+
+
+def test_a_loss_that_is_not_one_number_is_refused():
+    "reduction='none' would fail in backward with torch's words, and average wrongly in validation."
+    learn = make_learner(loss_func=lambda p, y: F.cross_entropy(p, y, reduction='none'))
+    ft.test_fail(
+        lambda: Runner().fit(1, learn),
+        contains="the loss function must return one number (a 0-d tensor), got shape (4,)",
+    )

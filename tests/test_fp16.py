@@ -676,3 +676,14 @@ def test_a_failure_at_any_event_leaves_the_model_fp32_with_its_own_parameters_in
     Runner().fit(1, learn)  # the next fit trains, in fp16 again, and moves the model's own weights
     assert any(not torch.equal(p, b) for p, b in zip(learn.model.parameters(), before))
     ft.test_eq({p.dtype for p in learn.model.parameters()}, {torch.float32})
+
+
+def test_options_of_the_wrong_type_are_refused_in_one_line():
+    "clip='1' failed with Python's own words ('>' not supported...); a flag must be a bool."
+    for kwargs, exc, message in [
+        (dict(clip='1'), TypeError, "clip must be a number > 0 or None, got '1'"),
+        (dict(clip=float('inf')), ValueError, 'clip must be > 0 or None, got inf'),
+        (dict(dynamic='yes'), TypeError, "dynamic must be True or False, got 'yes'"),
+        (dict(flat_master=1), TypeError, 'flat_master must be True or False, got 1'),
+    ]:
+        ft.test_fail(lambda: MixedPrecision(**kwargs), exc=exc, contains=message)

@@ -365,3 +365,11 @@ def test_mlp_accuracy_on_embedded_data(mnist, capsys):
     )
     assert acc >= 0.90, acc
     assert capsys.readouterr().out.count('valid loss') == 5
+
+
+def test_flags_and_containers_are_what_they_say():
+    "shuffle='no' is true to Python and would shuffle; a list-backed Dataset failed at a batch."
+    ft.test_fail(lambda: Sampler(range(4), 2, shuffle='no'), contains="shuffle must be True or")
+    ft.test_fail(lambda: Sampler(range(4), 2, drop_last=1), contains="drop_last must be True or")
+    ft.test_fail(lambda: Dataset([1.0, 2.0], torch.tensor([0, 1])), contains="x must be a tensor")
+    ft.test_fail(lambda: Dataset(torch.zeros(2, 3), [0, 1]), contains="y must be a tensor")
