@@ -652,6 +652,8 @@ class CommandLine(argparse.ArgumentParser):
 def main(argv: list[str] | None = None, *, show_images: Callable) -> None:
     """`python -m exp.data`: print a summary of a data set and save a PNG grid of sample images,
     drawn by `show_images`."""
+    if not callable(show_images):
+        raise TypeError(f"show_images must be a function that draws the grid, got {show_images!r}")
     parser = CommandLine(
         'exp.data',
         prog=f'{python_command()} -m exp.data',

@@ -739,3 +739,24 @@ def test_load_dataset_is_what_get_data_returns(tmp_path):
     check_converted(load_dataset(path=tmp_path), raw)
     with pytest.raises(ValueError, match="name='cifar10'.*known: mnist5k, mnist, fashion"):
         load_dataset('cifar10')
+
+
+def test_the_command_line_draws_with_the_function_it_is_given(tmp_path, cache, capsys):
+    """exp.download's main draws the grid with the show_images it is handed (exp.data's, run as a
+    command)."""
+    calls = []
+
+    class Figure:
+        def savefig(self, path, dpi):
+            Path(path).write_bytes(b'grid')
+
+    def show(x, y, n):
+        calls.append((tuple(x.shape), tuple(y.shape), n))
+        return Figure()
+
+    download.main(['--out', str(tmp_path / 'grid.png')], show_images=show)
+    ft.test_eq(calls, [((4000, 784), (4000,), 32)])
+    ft.test_eq((tmp_path / 'grid.png').read_bytes(), b'grid')
+    assert 'train:      (4000, 784)' in capsys.readouterr().out
+    with pytest.raises(TypeError, match='show_images must be a function that draws the grid'):
+        download.main([], show_images=None)
