@@ -64,9 +64,7 @@ class ProgressCallback(Callback):
     def log(self, row: list[str] | dict) -> None:
         """The runner's logger during the fit: the header (column names), then each epoch's row,
         into the table."""
-        cells = (
-            list(row) if not isinstance(row, dict) else [format_stat(k, v) for k, v in row.items()]
-        )
+        cells = [format_stat(k, v) for k, v in row.items()] if isinstance(row, dict) else list(row)
         self.table.append(cells)
         if self.mode == 'notebook' and self.mbar is not None:
             self.mbar.write(cells, table=True)  # an HTML table under the bars
@@ -75,7 +73,7 @@ class ProgressCallback(Callback):
         else:
             print(format_row(cells, self.table[0]), flush=True)
 
-    def new_bar(self, n: int) -> None:
+    def _new_bar(self, n: int) -> None:
         "A bar over the `n` batches about to run, under the epochs' bar."
         close_bar(self.pbar)
         self.n_batches, self.due = 0, 1
@@ -86,11 +84,11 @@ class ProgressCallback(Callback):
             return
         if self.mbar is not None:
             self.mbar.update(self.epoch)
-        self.new_bar(len(self.data.train_dl))
+        self._new_bar(len(self.data.train_dl))
 
     def begin_validate(self):
         if self.mode != 'off':
-            self.new_bar(len(self.data.valid_dl))
+            self._new_bar(len(self.data.valid_dl))
 
     def after_batch(self):
         if self.pbar is None:
