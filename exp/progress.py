@@ -5,59 +5,21 @@
 # %% ../nbs/07_progress.ipynb #86ffb279
 from __future__ import annotations
 
-import math
-import sys
 from typing import Callable
 
-import fastprogress.fastprogress
-from fastprogress.fastprogress import (
-    ConsoleMasterBar,
-    ConsoleProgressBar,
-    NBMasterBar,
-    NBProgressBar,
-    format_time,
-)
+from fastprogress.fastprogress import format_time
 
 from .exercises import ExerciseError, exercise, expect_number
 from .callbacks import AvgStatsCallback, Callback
+from .terminal import DISPLAYS, in_jupyter, progress_display
+from .terminal import batches_bar, close_bar, epochs_bar, update_bar
+
+# where these were defined before they moved to exp.terminal: still importable from here
+_all_ = ['DISPLAYS', 'in_jupyter', 'progress_display']
 
 # %% auto #0
-__all__ = ['DISPLAYS', 'in_jupyter', 'progress_display', 'format_stat', 'format_row', 'ProgressCallback', 'check_eta',
-           'check_redrawn_line']
-
-# %% ../nbs/07_progress.ipynb #65f15693
-DISPLAYS = ('auto', 'notebook', 'console', 'text', 'off')
-
-
-def in_jupyter() -> bool:
-    """Whether we run in a Jupyter kernel (or Colab), where HTML bars draw; a terminal IPython is
-    not one."""
-    ipython = sys.modules.get('IPython')  # not imported means not in IPython: no need to import it
-    shell = ipython.get_ipython() if ipython is not None else None
-    return type(shell).__name__ == 'ZMQInteractiveShell' or 'google.colab' in sys.modules
-
-
-def progress_display(display: str = 'auto') -> str:
-    """The kind of output to use now: `display`, or for 'auto', 'notebook', 'console' (a terminal)
-    or 'text'."""
-    if display not in DISPLAYS:
-        raise ValueError(f"display must be one of {', '.join(DISPLAYS)}; got {display!r}")
-    if display != 'auto':
-        return display
-    if in_jupyter():
-        return 'notebook'
-    # called, unlike fastprogress: the method itself is always true
-    isatty = getattr(sys.stdout, 'isatty', None)
-    return 'console' if callable(isatty) and isatty() else 'text'
-
-
-def _html_bars_ready() -> None:
-    """Give fastprogress the IPython functions its HTML bars call: it imports them only when
-    imported in a notebook."""
-    if not hasattr(fastprogress.fastprogress, 'HTML'):
-        from IPython.display import HTML, display
-
-        fastprogress.fastprogress.HTML, fastprogress.fastprogress.display = HTML, display
+__all__ = ['format_stat', 'format_row', 'ProgressCallback', 'check_eta', 'check_redrawn_line', 'DISPLAYS', 'in_jupyter',
+           'progress_display']
 
 # %% ../nbs/07_progress.ipynb #4f57c3b0
 def format_stat(name: str, value) -> str:
@@ -95,58 +57,27 @@ class ProgressCallback(Callback):
         self.mode = progress_display(self.display)
         if self.mode == 'off':
             return
-        self.table, self.mbar, self.pbar = [], None, None
-        if self.mode in ('notebook', 'console') and self.epochs > 0:
-            if self.mode == 'notebook':
-                _html_bars_ready()
-            self.mbar = (NBMasterBar if self.mode == 'notebook' else ConsoleMasterBar)(
-                range(self.epochs)
-            )
-            self.mbar.update(0)
+        self.table, self.pbar = [], None
+        self.mbar = epochs_bar(self.mode, self.epochs)  # None: no bars ('text', or no epochs)
         self.run.logger = self.log  # the runner puts its own back when the fit ends
 
     def log(self, row: list[str] | dict) -> None:
         """The runner's logger during the fit: the header (column names), then each epoch's row,
         into the table."""
-        self._write(
-            list(row) if not isinstance(row, dict) else [format_stat(k, v) for k, v in row.items()]
-        )
-
-    def _write(self, cells: list[str]) -> None:
-        """Add a row (the first is the header) to the table, in the notebook's HTML or as a line of
-        text."""
+        cells = [format_stat(k, v) for k, v in row.items()] if isinstance(row, dict) else list(row)
         self.table.append(cells)
         if self.mode == 'notebook' and self.mbar is not None:
-            self.mbar.write(cells, table=True)
+            self.mbar.write(cells, table=True)  # an HTML table under the bars
+        elif self.mbar is not None:
+            self.mbar.write(format_row(cells, self.table[0]))  # a line under the console bars
         else:
-            line = format_row(cells, self.table[0])
-            if self.mbar is not None:
-                self.mbar.write(line)
-            else:
-                print(line, flush=True)
-
-    def _close_bar(self) -> None:
-        "End the batches' bar, if there is one, and clear its line in a terminal."
-        if self.pbar is None:
-            return
-        if self.pbar.last_v is not None:
-            self.pbar.on_iter_end()
-        # fastprogress blanks a finished console bar but leaves its 'Epoch i/n :' prefix: blank all
-        # of it
-        if self.mode == 'console':
-            print('\r' + ' ' * self.pbar.max_len + '\r', end='', flush=True)
-        self.pbar = None
+            print(format_row(cells, self.table[0]), flush=True)
 
     def _new_bar(self, n: int) -> None:
         "A bar over the `n` batches about to run, under the epochs' bar."
-        self._close_bar()
+        close_bar(self.pbar)
         self.n_batches, self.due = 0, 1
-        if self.mbar is None or n == 0:
-            return
-        self.pbar = (NBProgressBar if self.mode == 'notebook' else ConsoleProgressBar)(
-            range(n), parent=self.mbar
-        )
-        self.pbar.update(0)
+        self.pbar = batches_bar(self.mbar, n)
 
     def begin_epoch(self):
         if self.mode == 'off':
@@ -163,29 +94,16 @@ class ProgressCallback(Callback):
         if self.pbar is None:
             return
         self.n_batches += 1
-        if self.n_batches >= self.due:
-            self._update()
-
-    def _update(self) -> None:
-        """Move the bar to `n_batches`; then note the batch at which fastprogress will redraw next
-        (it ignores the others)."""
-        pbar, n = self.pbar, self.n_batches
-        pbar.update(n)
-        if pbar.last_v is None:
-            self.due = math.inf  # the bar has reached its end
-        elif n < pbar.first_its:
-            self.due = n + 1  # its first few batches are each drawn
-        # then about every update_every seconds
-        else:
-            self.due = min(pbar.last_v + pbar.wait_for, pbar.total)
+        if self.n_batches >= self.due:  # the batch of fastprogress's next redraw
+            self.due = update_bar(self.pbar, self.n_batches)
 
     def after_fit(self):
         if self.mode == 'off':
             return
-        self._close_bar()
+        close_bar(self.pbar)
         if self.mbar is not None:
             self.mbar.on_iter_end()
-        self.mbar = None
+        self.mbar = self.pbar = None
 
 # %% ../nbs/07_progress.ipynb #bd9e17b8
 @exercise

@@ -20,7 +20,6 @@ CEILINGS = {
     '04_callbacks': (1201, 379),
     '05_anneal': (690, 89),
     '06_early_stopping': (527, 70),
-    '07_progress': (343, 89),
     '08_cnn': (342, 82),
     '08a_hooks_init': (662, 60),
     '08b_batchnorm': (1181, 76),

@@ -1,10 +1,8 @@
 """Unit tests for exp.progress: what ProgressCallback writes outside a notebook, and that it hands
 printing back."""
 
-import io
 import itertools
 import re
-import sys
 import types
 
 import pytest
@@ -13,6 +11,7 @@ from fastcore import test as ft  # fastcore.test.test_eq would be collected by p
 from torch import nn
 
 import exp.progress
+import exp.terminal
 from exp.callbacks import (
     AvgStatsCallback,
     Callback,
@@ -151,26 +150,6 @@ def test_console_bar_redraws_as_if_updated_at_every_batch(monkeypatch, capsys):
     capsys.readouterr()
 
 
-def test_auto_picks_by_where_output_goes(monkeypatch):
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-
-    ft.test_eq(progress_display('auto'), 'text')  # pytest's captured stdout is no terminal
-    monkeypatch.setattr(sys, 'stdout', Terminal())
-    ft.test_eq(progress_display('auto'), 'console')
-    monkeypatch.setattr(exp.progress, 'in_jupyter', lambda: True)
-    ft.test_eq(progress_display('auto'), 'notebook')
-    ft.test_eq(progress_display('text'), 'text')
-    monkeypatch.setattr(sys, 'stdout', object())  # no isatty at all
-    monkeypatch.setattr(exp.progress, 'in_jupyter', lambda: False)
-    ft.test_eq(progress_display('auto'), 'text')
-
-
-def test_not_in_jupyter_here():
-    assert not exp.progress.in_jupyter()
-
-
 def test_off_leaves_avg_stats_printing(capsys):
     run = Runner(cbs=[ProgressCallback('off')])
     run.fit(2, make_learner())
@@ -288,6 +267,13 @@ def test_format_stat_and_row():
     ft.test_eq(
         format_row(['1', '0.5'], ['epoch', 'a_long_column_name']), '         1                 0.5'
     )
+
+
+def test_what_moved_to_exp_terminal_still_imports_from_here():
+    "The display's choice moved to exp.terminal (appendix A5); exp.progress re-exports it."
+    for name in ['DISPLAYS', 'in_jupyter', 'progress_display']:
+        assert name in exp.progress.__all__, name
+        assert getattr(exp.progress, name) is getattr(exp.terminal, name), name
 
 
 def test_checks():
