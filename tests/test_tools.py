@@ -223,3 +223,21 @@ def test_site_toc_has_the_guides_before_the_reference():
     for guide in site.guides():
         assert guides < toc.index(f'file: docs/{guide}\n') < reference
     assert guides < toc.index('file: bench/README') < reference
+
+
+def test_site_describes_a_constant_by_its_comment_even_when_re_exported(monkeypatch):
+    import inspect
+    import types
+
+    import exp.data
+    from tools import site
+
+    said = 'The largest seed every generator takes (an int64).'
+    ft.test_eq(site.constant_doc(exp.data, 'MAX_SEED'), said)
+    lesson = types.ModuleType('exp.lesson')
+    lesson.__package__ = 'exp'
+    source = 'from .data import (\n    MAX_SEED,\n    set_seed,\n)\nfrom .loss import accuracy\n'
+    getsource = inspect.getsource
+    monkeypatch.setattr(inspect, 'getsource', lambda o: source if o is lesson else getsource(o))
+    ft.test_eq(site.constant_doc(lesson, 'MAX_SEED'), said)
+    ft.test_eq(site.constant_doc(lesson, 'NOT_THERE'), '')

@@ -170,16 +170,24 @@ def _comment(lines: list[str], i: int) -> str:
     return ' '.join(above)
 
 
-def constant_doc(module, name: str) -> str:
-    "The comment the source puts on, or right above, the line that assigns `name` in `module`."
+def constant_doc(module, name: str, seen: frozenset = frozenset()) -> str:
+    """The comment the source puts on, or right above, the line that assigns `name` in `module`;
+    for a name `module` imports from a sibling (a re-export, `from .runs import PARTIAL`), that
+    one's."""
     try:
-        lines = inspect.getsource(module).splitlines()
+        source = inspect.getsource(module)
     except (OSError, TypeError):
         return ''
+    lines = source.splitlines()
     for i, line in enumerate(lines):
         if re.match(rf'{re.escape(name)}\s*(:[^=]*)?=', line):
             text = _comment(lines, i)
             return text[0].upper() + text[1:] + ('' if text.endswith('.') else '.') if text else ''
+    imports = re.findall(r'^from \.(\w+) import (?:\(([^)]*)\)|(.*)$)', source, re.M)
+    for sibling, *names in imports:
+        target = f'{module.__package__}.{sibling}'
+        if name in re.findall(r'\w+', ' '.join(names)) and target not in seen:
+            return constant_doc(importlib.import_module(target), name, seen | {module.__name__})
     return ''
 
 
