@@ -21,6 +21,7 @@ exclude_patterns = ['_build', '**.ipynb_checkpoints']
 nb_execution_mode = 'off'
 nb_merge_streams = True
 myst_enable_extensions = ['dollarmath', 'amsmath', 'colon_fence']
+myst_heading_anchors = 3  # links to a guide's sections (#the-trainer), as on a code host
 
 html_theme = 'sphinx_book_theme'
 html_title = project
@@ -33,3 +34,7 @@ html_theme_options = {
     'use_fullscreen_button': False,
 }
 html_sourcelink_suffix = ''  # the download button gives the .ipynb itself
+
+# the site's own CSS (docs/custom.css, copied to _static by tools/site.py)
+html_static_path = ['_static']
+html_css_files = ['custom.css']

@@ -130,3 +130,114 @@ def test_resolve_names_notebooks():
     ft.test_eq(outputs.resolve([first.stem, first.name, str(first)]), [first] * 3)
     with pytest.raises(SystemExit, match="no notebook 'nope'"):
         outputs.resolve(['nope'])
+
+
+def test_site_shows_a_patched_method_like_a_method():
+    "A function patched onto a class (`self: Learner`) is shown without its first parameter."
+    from fastcore.basics import patch
+
+    from tools import site
+
+    class Host:
+        "A class to patch."
+
+    @patch
+    def go(self: Host, epochs: int, lr: float = 0.1) -> None:
+        "Go."
+
+    text = site._member(Host, 'go', Host.__dict__['go'], __name__, patched=True)
+    assert 'Host.go(epochs: int, lr: float = 0.1) -> None' in text, text
+    assert site.signature(Host.__dict__['go']).startswith('(self: ')  # as a function
+
+
+def test_site_describes_every_entry():
+    "Event handlers say when they run; an override takes its base's docstring; else a known line."
+    from torch import nn
+
+    from tools import site
+
+    class Cb:
+        def begin_fit(self):
+            pass
+
+    class Net(nn.Module):
+        def forward(self, x):
+            return x
+
+    ft.test_eq(site.describe('Cb.begin_fit', '', 'begin_fit', Cb), site.EVENT_DOCS['begin_fit'])
+    assert site.describe('Net.forward', '', 'forward', Net).startswith('As `Module.forward`: ')
+    ft.test_eq(site.describe('Cb.x', 'Its own.', 'x', Cb), 'Its own.')
+    ft.test_eq(site.describe('Cb.nothing', '', 'nothing', Cb), '')
+    assert set(site.EVENT_DOCS) >= {
+        'begin_fit',
+        'begin_epoch',
+        'begin_batch',
+        'after_pred',
+        'after_loss',
+        'after_backward',
+        'after_step',
+        'after_batch',
+        'begin_validate',
+        'after_epoch',
+        'after_fit',
+    }
+
+
+def test_site_notebooks_lose_their_directives():
+    from tools import site
+
+    nb = {
+        'cells': [
+            {'cell_type': 'code', 'source': '#| default_exp data', 'outputs': []},
+            {'cell_type': 'code', 'source': '#| export\n#|slow\nx = 1\n', 'outputs': []},
+            {'cell_type': 'markdown', 'source': 'Cells marked `#| export` ...'},
+            {'cell_type': 'code', 'source': ['#| cuda\n', 'print(1)'], 'outputs': [{'x': 1}]},
+        ]
+    }
+    cells = site.without_directives(nb)['cells']
+    ft.test_eq([c['source'] for c in cells], ['x = 1', 'Cells marked `#| export` ...', 'print(1)'])
+    ft.test_eq(cells[2]['outputs'], [{'x': 1}])
+
+
+def test_site_appendix_table_names_planned_notebooks_without_links():
+    from tools import site
+    from tools.notebooks import NBS
+
+    nbs = [site.Notebook(p) for p in notebooks(NBS)]
+    table = site.appendix_table(nbs).splitlines()
+    for stem, module, _, _ in site.PLANNED_APPENDIX:
+        row = next(r for r in table if f' {stem} ' in r or f'nbs/{stem}.ipynb' in r)
+        assert (NBS / f'{stem}.ipynb').exists() or row.startswith(f'| {stem} |'), row
+        assert module in row, row
+    lessons = {nb.path.stem for nb in site.lessons(nbs)}
+    assert lessons and not lessons & site.TAKEN_OVER and not any(s.startswith('A') for s in lessons)
+
+
+def test_site_toc_has_the_guides_before_the_reference():
+    from tools import site
+    from tools.notebooks import NBS
+
+    toc = site.toc([site.Notebook(p) for p in notebooks(NBS)], ['exp.data'])
+    guides, reference = toc.index('caption: Guides'), toc.index('caption: API reference')
+    assert guides < reference
+    for guide in site.guides():
+        assert guides < toc.index(f'file: docs/{guide}\n') < reference
+    assert guides < toc.index('file: bench/README') < reference
+
+
+def test_site_describes_a_constant_by_its_comment_even_when_re_exported(monkeypatch):
+    import inspect
+    import types
+
+    import exp.data
+    from tools import site
+
+    said = 'The largest seed every generator takes (an int64).'
+    ft.test_eq(site.constant_doc(exp.data, 'MAX_SEED'), said)
+    lesson = types.ModuleType('exp.lesson')
+    lesson.__package__ = 'exp'
+    source = 'from .data import (\n    MAX_SEED,\n    set_seed,\n)\nfrom .loss import accuracy\n'
+    getsource = inspect.getsource
+    monkeypatch.setattr(inspect, 'getsource', lambda o: source if o is lesson else getsource(o))
+    ft.test_eq(site.constant_doc(lesson, 'MAX_SEED'), said)
+    ft.test_eq(site.constant_doc(lesson, 'NOT_THERE'), '')

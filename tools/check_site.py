@@ -3,11 +3,13 @@ HTTP on 127.0.0.1, and the check fails if a page logs a console error or an unca
 resource fails to load, if an image does not render, or if a link inside the site points to a
 missing page or anchor.
 
-Usage: python -m tools.check_site [HTML] [--screenshot PNG PAGE]   (HTML: default _site/html)
+Usage: python -m tools.check_site [HTML] [--screenshot PNG PAGE [--size WxH]]   (default _site/html)
 
 It drives Chromium through the DevTools protocol over a pipe (--remote-debugging-pipe), so it needs
 no package beyond the browser (Debian's `chromium`, or $CHROMIUM). Links to other sites are counted,
-not followed. --screenshot also saves PAGE (a path inside the site) as a 1280x800 PNG.
+not followed. It checks every page the build made (HTML/../pages.txt, written by tools.site) and
+fails if that list and the site's HTML files differ. --screenshot also saves PAGE (a path inside the
+site) as a PNG, 1280x800 unless --size says otherwise; it may be given more than once.
 """
 
 from __future__ import annotations
@@ -248,13 +250,31 @@ def target_file(html: Path, base: str, url: str) -> Path | None:
     return path / 'index.html' if path.is_dir() else path
 
 
-def check(html: Path, binary: str, screenshot: tuple[Path, str] | None = None) -> list[str]:
+def built_pages(html: Path) -> list[Path] | None:
+    "The pages the build of the site at `html` reports (its pages.txt), or None without one."
+    listing = html.parent / 'pages.txt'
+    if not listing.is_file():
+        return None
+    return [html / line for line in listing.read_text(encoding='utf-8').splitlines() if line]
+
+
+def check(
+    html: Path,
+    binary: str,
+    screenshots: list[tuple[Path, str]] = (),
+    size: tuple[int, int] = (1280, 800),
+) -> list[str]:
     "Open every page of the site at `html`; returns the problems found, one line each."
-    pages = sorted(
-        p for p in html.rglob('*.html') if not p.relative_to(html).parts[0].startswith('_')
-    )
+    from tools.site import site_pages
+
+    pages, built = site_pages(html), built_pages(html)
     if not pages:
         return [f'{html}: no pages to check (build the site first: python -m tools.site)']
+    if built is None:
+        return [f'{html.parent / "pages.txt"}: missing (build the site: python -m tools.site)']
+    unlisted = sorted({p.relative_to(html).as_posix() for p in set(pages) ^ set(built)})
+    if unlisted:
+        return [f'the build reports {len(built)} pages, the site holds {len(pages)}: {unlisted}']
     server, base = serve(html)
     browser = Browser(binary)
     found, ids, links, n_images, n_external = [], {}, [], 0, 0
@@ -269,8 +289,8 @@ def check(html: Path, binary: str, screenshot: tuple[Path, str] | None = None) -
                 if not img['ok']:
                     found.append(f"{name}: image does not render: {img['src']}")
             links += [(name, url) for url in facts.get('links', [])]
-        if screenshot:
-            browser.screenshot(base + screenshot[1], screenshot[0])
+        for png, page in screenshots:
+            browser.screenshot(base + page, png, *size)
     finally:
         browser.close()
         server.shutdown()
@@ -285,8 +305,9 @@ def check(html: Path, binary: str, screenshot: tuple[Path, str] | None = None) -
         elif fragment and path in ids and unquote(fragment) not in ids[path]:
             found.append(f'{name}: link to a missing anchor: {url[len(base) :]}')
     print(
-        f'{len(pages)} pages, {n_images} images, {len(links) - n_external} internal links checked '
-        f'({n_external} links to other sites not followed): {len(found)} problem(s)'
+        f'{len(built)} pages built, {len(pages)} pages checked, {n_images} images, '
+        f'{len(links) - n_external} internal links checked ({n_external} links to other sites not '
+        f'followed): {len(found)} problem(s)'
     )
     return found
 
@@ -299,7 +320,15 @@ def main(argv: list[str] | None = None) -> int:
         'html', nargs='?', type=Path, default=ROOT / '_site' / 'html', help='the built site'
     )
     parser.add_argument(
-        '--screenshot', nargs=2, metavar=('PNG', 'PAGE'), help='also save a screenshot of PAGE'
+        '--screenshot',
+        nargs=2,
+        action='append',
+        default=[],
+        metavar=('PNG', 'PAGE'),
+        help='also save a screenshot of PAGE (repeatable)',
+    )
+    parser.add_argument(
+        '--size', default='1280x800', help='the screenshots\' width x height (default 1280x800)'
     )
     args = parser.parse_args(argv)
     binary = (
@@ -310,12 +339,14 @@ def main(argv: list[str] | None = None) -> int:
             'tools.check_site: error: no chromium found (apt-get install chromium, or set '
             '$CHROMIUM)'
         )
-    shot = (
-        (args.screenshot[0] and Path(args.screenshot[0]), args.screenshot[1])
-        if args.screenshot
-        else None
-    )
-    found = check(args.html.resolve(), binary, shot)
+    try:
+        size = tuple(int(n) for n in args.size.lower().split('x'))
+        if len(size) != 2 or min(size) < 1:
+            raise ValueError
+    except ValueError:
+        parser.error(f'--size: expected WIDTHxHEIGHT, got {args.size!r}')
+    shots = [(Path(png), page) for png, page in args.screenshot]
+    found = check(args.html.resolve(), binary, shots, size)
     for line in found:
         print(line, file=sys.stderr)
     return 1 if found else 0

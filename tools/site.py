@@ -4,10 +4,14 @@ Nothing is executed.
 
 Usage: python -m tools.site [--out _site]        (the pages land in OUT/html)
 
-The source tree is assembled in OUT/src: docs/conf.py, docs/index.md with a table of the notebooks,
-the notebooks from nbs/, a table of contents in the notebooks' order, and one reference page per
-module, generated from the package. Any Sphinx warning fails the build, and so does an exported name
-missing from the built reference.
+The source tree is assembled in OUT/src: docs/conf.py, docs/index.md with the tables of the
+notebooks, the notebooks from nbs/ (nbdev's `#|` directive lines taken out), the guides (docs/*.md,
+at docs/ as in the repository, so that their relative links work in both places), bench/README.md
+and the history under bench/results/, a table of contents (the lessons, the appendix, the guides,
+the API reference), and one reference page per module, generated from the package. Any Sphinx
+warning fails the build, and so do an exported name missing from the built reference and an entry
+of the reference without a description. The build writes OUT/pages.txt, the pages it made, which
+tools.check_site checks one by one.
 """
 
 from __future__ import annotations
@@ -24,9 +28,60 @@ import time
 from functools import cached_property
 from pathlib import Path
 
-from tools.notebooks import NBS, ROOT, is_appendix, notebooks
+from tools.notebooks import NBS, ROOT, is_appendix, notebook_key, notebooks
 
 DOCS = ROOT / 'docs'
+BENCH = ROOT / 'bench'
+# the guides in the order the table of contents shows them; a page of docs/ not named here follows
+# them in alphabetical order
+GUIDES = ('install', 'trainer', 'faults', 'distributed', 'data', 'library', 'site', 'authoring')
+# the Runner's event protocol (DESIGN.md): a handler without a docstring says when it runs
+EVENT_DOCS = {
+    'begin_fit': 'Runs once at the start of a fit, before the first epoch.',
+    'begin_epoch': 'Runs at the start of each epoch, before its training batches.',
+    'begin_batch': 'Runs at the start of each batch, training and validation, before the forward '
+    'pass.',
+    'after_pred': "Runs after each batch's forward pass, before its loss.",
+    'after_loss': "Runs after each batch's loss is computed (in validation, then after_batch).",
+    'after_backward': "Runs after each training batch's backward pass, before the optimizer step.",
+    'after_step': "Runs after each training batch's optimizer step.",
+    'after_batch': 'Runs at the end of each batch, training and validation.',
+    'begin_validate': "Runs after an epoch's training batches, before its validation batches.",
+    'after_epoch': "Runs at the end of each epoch, after its validation.",
+    'after_fit': 'Runs at the end of a fit, always: also after an exception or a cancel.',
+    'after_cancel_batch': 'Runs when a CancelBatchException ends a batch early.',
+    'after_cancel_epoch': 'Runs when a CancelEpochException ends an epoch early.',
+    'after_cancel_train': 'Runs when a CancelTrainException ends the fit early.',
+    'after_cancel_step': 'Runs when a CancelStepException skips an optimizer step (mixed '
+    'precision, on overflow).',
+}
+# what the source says in no docstring or comment: keyed by the name (a class's member as
+# Class.name), not the module, so that a name keeps its line when it moves
+DESCRIPTIONS = {
+    'EVENTS': "The Runner's events, in the order a fit meets them.",
+    'IDX_DTYPES': "The IDX format's type codes and the dtype each stands for.",
+    'IDX_FILES': 'The four files of an MNIST-style folder, without their .gz.',
+    'DATASETS': 'The data sets `get_data` downloads: their files, sizes, sums and mirrors.',
+    'KNOWN_DATA': 'The names `get_data` takes: the embedded digits, then the downloads.',
+    'ENV_VARS': "torchrun's environment variables that a distributed run needs.",
+    'DISPLAYS': "The progress display's modes.",
+    'ARCHS': "The models the trainer's --arch takes.",
+    'FP16_MODES': "The precisions the trainer's --fp16 takes.",
+    'CHECKPOINT': "The checkpoint's file name in a run folder.",
+    'DataBunch.train_ds': 'The training set, behind the training loader.',
+    'DataBunch.valid_ds': 'The validation set, behind the validation loader.',
+    'Runner.model': "The learner's model.",
+    'Runner.opt': "The learner's optimizer.",
+    'Runner.loss_func': "The learner's loss function.",
+    'Runner.data': "The learner's DataBunch.",
+    'Runner.all_batches': 'Run one batch for each batch of `dl`, stopping at a cancelled epoch.',
+    'Callback.set_runner': 'Attach the callback to the Runner `run` that calls it.',
+    'AvgStats.reset': 'Zero the sums and counts, for a new epoch.',
+    'AvgStats.all_stats': 'The loss and the metrics, averaged over the samples seen so far.',
+    'LayerNorm.reset_parameters': 'Set the weight to ones and the bias to zeros.',
+    'GroupNorm.reset_parameters': 'Set the weight to ones and the bias to zeros.',
+    'CommandLine.error': "argparse's error, printed as one line, with exit code 2.",
+}
 OBJECT_DIRECTIVES = {'function', 'class', 'exception', 'data', 'method', 'property'}
 
 
@@ -76,13 +131,15 @@ def _shown(p: inspect.Parameter) -> inspect.Parameter:
     return p
 
 
-def signature(obj) -> str:
-    "`obj`'s signature as written in its source."
+def signature(obj, method: bool = False) -> str:
+    """`obj`'s signature as written in its source; with `method`, without its first parameter
+    (self or cls, however named and annotated: a function patched onto a class takes
+    `self: Cls`)."""
     try:
         sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return '()'
-    params = [_shown(p) for p in sig.parameters.values()]
+    params = [_shown(p) for p in sig.parameters.values()][1 if method else 0 :]
     ret = sig.return_annotation
     sig = sig.replace(
         parameters=params, return_annotation=_Raw(ret) if isinstance(ret, str) else ret
@@ -94,6 +151,63 @@ def docstring(obj) -> str:
     "`obj`'s own docstring (a class without one does not borrow its base class's)."
     doc = obj.__dict__.get('__doc__') if isinstance(obj, type) else getattr(obj, '__doc__', None)
     return inspect.cleandoc(doc) if isinstance(doc, str) else ''
+
+
+def _first_line(doc: str) -> str:
+    "The first paragraph of `doc`, on one line."
+    return ' '.join(doc.split('\n\n')[0].split())
+
+
+def _comment(lines: list[str], i: int) -> str:
+    "The comment on line `i` of a source, or the comment lines right above it."
+    own = re.search(r'#\s*(.+)$', lines[i]) if '#' in lines[i].split('=', 1)[-1] else None
+    if own:
+        return own[1].strip()
+    above = []
+    while i > 0 and lines[i - 1].strip().startswith('#') and not lines[i - 1].startswith('# %%'):
+        i -= 1
+        above.insert(0, lines[i].strip().lstrip('#').strip())
+    return ' '.join(above)
+
+
+def constant_doc(module, name: str, seen: frozenset = frozenset()) -> str:
+    """The comment the source puts on, or right above, the line that assigns `name` in `module`;
+    for a name `module` imports from a sibling (a re-export, `from .runs import PARTIAL`), that
+    one's."""
+    try:
+        source = inspect.getsource(module)
+    except (OSError, TypeError):
+        return ''
+    lines = source.splitlines()
+    for i, line in enumerate(lines):
+        if re.match(rf'{re.escape(name)}\s*(:[^=]*)?=', line):
+            text = _comment(lines, i)
+            return text[0].upper() + text[1:] + ('' if text.endswith('.') else '.') if text else ''
+    imports = re.findall(r'^from \.(\w+) import (?:\(([^)]*)\)|(.*)$)', source, re.M)
+    for sibling, *names in imports:
+        target = f'{module.__package__}.{sibling}'
+        if name in re.findall(r'\w+', ' '.join(names)) and target not in seen:
+            return constant_doc(importlib.import_module(target), name, seen | {module.__name__})
+    return ''
+
+
+def describe(key: str, doc: str, name: str = '', cls: type | None = None) -> str:
+    """The description of an entry of the reference: its docstring; else, for an event handler,
+    when it runs; else the docstring of the method it overrides; else the line DESCRIPTIONS
+    gives `key`; else ''."""
+    if doc:
+        return doc
+    if name in EVENT_DOCS:
+        return EVENT_DOCS[name]
+    for base in cls.__mro__[1:] if cls else ():
+        if name in base.__dict__ and (inherited := docstring(_function(base.__dict__[name]))):
+            return f'As `{base.__qualname__}.{name}`: {_first_line(inherited)}'
+    return DESCRIPTIONS.get(key, '')
+
+
+def _function(value):
+    "The function behind a method, a static or class method, or a property."
+    return _getter(value) or getattr(value, '__func__', value)
 
 
 def _getter(value):
@@ -135,13 +249,15 @@ def _directive(
     return head + (f"\n{doc}\n" if doc else '') + (f"\n{body}" if body else '') + f"{fence}\n"
 
 
-def _member(cls_name: str | None, name: str, value, module: str) -> str:
-    "One method or property; `cls_name` set for one patched onto a class from another module."
-    full = f'{cls_name}.{name}' if cls_name else name
+def _member(cls: type, name: str, value, module: str, patched: bool = False) -> str:
+    "One method or property of `cls`; `patched` for one added to it from another module."
+    full = f'{cls.__name__}.{name}' if patched else name
+    doc = describe(f'{cls.__name__}.{name}', docstring(_function(value)), name, cls)
+    UNDESCRIBED.extend([f'{module}.{cls.__name__}.{name}'] if not doc else [])
     if _getter(value):
-        return _directive('property', full, '', docstring(_getter(value)), module)
+        return _directive('property', full, '', doc, module)
     fn = getattr(value, '__func__', value)
-    sig = re.sub(r'^\(self(, )?', '(', signature(fn))  # a method's signature without `self`
+    sig = signature(fn, method=not isinstance(value, staticmethod))
     kind = (
         'method'
         if not isinstance(value, (staticmethod, classmethod))
@@ -149,7 +265,11 @@ def _member(cls_name: str | None, name: str, value, module: str) -> str:
         if isinstance(value, staticmethod)
         else 'classmethod'
     )
-    return _directive(kind, full, sig, docstring(fn), module)
+    return _directive(kind, full, sig, doc, module)
+
+
+# the entries of the reference written without a description (the build fails if any)
+UNDESCRIBED: list[str] = []
 
 
 def _value(obj) -> str:
@@ -174,29 +294,31 @@ def module_page(nb: Notebook, patched: dict[type, list[tuple[str, object]]]) -> 
     ]
     for name in mod.__all__:
         obj = getattr(mod, name)
+        doc = describe(name, docstring(obj) if callable(obj) else constant_doc(mod, name) or '')
+        UNDESCRIBED.extend([f'{nb.module}.{name}'] if not doc else [])
         if isinstance(obj, type):
             kind = 'exception' if issubclass(obj, BaseException) else 'class'
             members = ''.join(
-                _member(None, n, v, nb.module) for n, v in _own_members(obj, nb.module)
+                _member(obj, n, v, nb.module) for n, v in _own_members(obj, nb.module)
             )
             parts.append(
                 _directive(
                     kind,
                     name,
                     signature(obj) if kind == 'class' else '',
-                    docstring(obj),
+                    doc,
                     nb.module,
                     '````',
                     members,
                 )
             )
         elif callable(obj):
-            parts.append(_directive('function', name, signature(obj), docstring(obj), nb.module))
+            parts.append(_directive('function', name, signature(obj), doc, nb.module))
         else:
-            parts.append(_directive('data', name, '', '', nb.module, options=_value(obj)))
+            parts.append(_directive('data', name, '', doc, nb.module, options=_value(obj)))
     for cls, members in patched.items():
         parts.append(f"## Added to `{cls.__module__}.{cls.__name__}`\n")
-        parts += [_member(cls.__name__, n, v, nb.module) for n, v in members]
+        parts += [_member(cls, n, v, nb.module, patched=True) for n, v in members]
     return '\n'.join(p for p in parts if p)
 
 
@@ -251,55 +373,139 @@ def documented_names(html: Path) -> set[str]:
 # ---------------- the book
 
 
+def guides() -> list[str]:
+    "The guides, docs/*.md but the home page, in the order of GUIDES, then any other by name."
+    found = {p.stem for p in DOCS.glob('*.md')} - {'index'}
+    return [g for g in GUIDES if g in found] + sorted(found - set(GUIDES))
+
+
 def toc(nbs: list[Notebook], modules: list[str]) -> str:
-    "The book's table of contents: the lessons, the engineering appendix, the API reference."
+    """The book's table of contents: the lessons, the engineering appendix, the guides (with the
+    benchmarks and their history), the API reference."""
     lines = ['format: jb-book', 'root: index', 'parts:']
     for caption, part in (('The course', lessons(nbs)), ('Engineering appendix', appendix(nbs))):
         if part:
             lines += [f'  - caption: {caption}', '    chapters:']
             lines += [f'      - file: nbs/{nb.path.stem}' for nb in part]
+    lines += ['  - caption: Guides', '    chapters:'] + [
+        f'      - file: docs/{g}' for g in guides()
+    ]
+    lines += ['      - file: bench/README', '        sections:']
+    lines += [
+        f'          - file: bench/results/{p.stem}' for p in sorted(BENCH.glob('results/*.md'))
+    ]
     lines += ['  - caption: API reference', '    chapters:'] + [
         f'      - file: api/{m}' for m in modules
     ]
     return '\n'.join(lines) + '\n'
 
 
+# The engineering appendix as planned: notebook, module, what it builds, and the lesson notebook it
+# takes over. A row whose notebook is not in nbs/ yet shows as plain text; the notebook, once
+# there, shows as any other (title and summary, linked), and the lesson it takes over leaves the
+# lessons.
+PLANNED_APPENDIX = (
+    (
+        'A1_downloads',
+        'exp.download',
+        'checked IDX reading, the download cache, data integrity, the data command line',
+        None,
+    ),
+    ('A2_checkpoint', 'exp.checkpoint', 'the checkpoint format, integrity, exact resume', None),
+    ('A3_runs', 'exp.runs', 'run folders, claims, signals, resume', None),
+    ('A3b_train', 'exp.train', 'the command-line trainer', '11_train'),
+    ('A4_speed', 'exp.kernels', 'batch norm in C++, the compiled log_softmax', None),
+    ('A5_terminal', 'exp.terminal', 'progress bars in terminals and pipes', None),
+    ('A6_elastic', 'exp.elastic', 'distributed faults and elastic restarts', None),
+)
+TAKEN_OVER = {row[3] for row in PLANNED_APPENDIX if row[3]}
+
+
 def lessons(nbs: list[Notebook]) -> list[Notebook]:
-    return [nb for nb in nbs if not is_appendix(nb.path)]
+    "The lessons: every notebook but the appendix and a lesson the appendix takes over."
+    return [nb for nb in nbs if not is_appendix(nb.path) and nb.path.stem not in TAKEN_OVER]
 
 
 def appendix(nbs: list[Notebook]) -> list[Notebook]:
-    return [nb for nb in nbs if is_appendix(nb.path)]
+    "The engineering appendix's notebooks in nbs/, with a lesson notebook it takes over."
+    return [nb for nb in nbs if is_appendix(nb.path) or nb.path.stem in TAKEN_OVER]
+
+
+def _row(nb: Notebook) -> str:
+    return (
+        f"| [{nb.title}](nbs/{nb.path.stem}.ipynb) | {nb.summary} | "
+        + (f"[`{nb.module}`](api/{nb.module}.md)" if nb.module else '')
+        + ' |'
+    )
+
+
+HEADER = ['| notebook | what it builds | module |', '|---|---|---|']
 
 
 def notebook_table(nbs: list[Notebook]) -> str:
     "A markdown table of `nbs`: title (a link), what it builds, its module (a link)."
-    rows = [
-        f"| [{nb.title}](nbs/{nb.path.stem}.ipynb) | {nb.summary} | "
-        + (f"[`{nb.module}`](api/{nb.module}.md)" if nb.module else '')
-        + ' |'
-        for nb in nbs
-    ]
-    return '\n'.join(['| notebook | what it builds | module |', '|---|---|---|', *rows])
+    return '\n'.join([*HEADER, *map(_row, nbs)])
+
+
+def appendix_table(nbs: list[Notebook]) -> str:
+    """The appendix's table: its notebooks in nbs/, linked, and the planned ones not there yet, as
+    plain text (naming the notebook that holds the work today, if one does)."""
+    present = {nb.path.stem: nb for nb in nbs}
+    rows = {nb.path.stem: _row(nb) for nb in nbs if is_appendix(nb.path)}
+    for stem, module, what, today in PLANNED_APPENDIX:
+        if stem not in present:
+            held = present.get(today)
+            rows[stem] = (
+                f"| {stem} | {what}"
+                + (f" (today in [{held.title}](nbs/{today}.ipynb))" if held else '')
+                + f" | `{module}` |"
+            )
+    order = sorted(rows, key=lambda stem: notebook_key(Path(f'{stem}.ipynb')))
+    return '\n'.join([*HEADER, *(rows[stem] for stem in order)])
 
 
 def index_page(nbs: list[Notebook]) -> str:
     "docs/index.md with its two tables filled in: the lessons, and the appendix."
     text = (DOCS / 'index.md').read_text(encoding='utf-8')
     text = text.replace('{{ lessons }}', notebook_table(lessons(nbs)))
-    return text.replace('{{ appendix }}', notebook_table(appendix(nbs)))
+    return text.replace('{{ appendix }}', appendix_table(nbs))
+
+
+DIRECTIVE_RE = re.compile(r'^#\|.*(\n|$)', re.M)
+
+
+def without_directives(nb: dict) -> dict:
+    """`nb` without nbdev's directive lines (`#| export`, `#| slow`, ...) in its code cells: they
+    steer nbdev and the tests, not the reader. A cell left empty, with no output, is dropped."""
+    cells = []
+    for cell in nb['cells']:
+        if cell['cell_type'] == 'code':
+            source = DIRECTIVE_RE.sub('', ''.join(cell['source']))
+            if not source.strip() and not cell.get('outputs'):
+                continue
+            cell = {**cell, 'source': source.strip('\n')}
+        cells.append(cell)
+    return {**nb, 'cells': cells}
 
 
 def assemble(src: Path) -> list[str]:
     "Write the book's source tree into `src`; returns the modules it documents."
     nbs = [Notebook(p) for p in notebooks(NBS)]
     shutil.rmtree(src, ignore_errors=True)
-    (src / 'nbs').mkdir(parents=True)
-    (src / 'api').mkdir()
-    for name in ('conf.py', 'favicon.png'):
-        shutil.copy(DOCS / name, src / name)
+    for folder in ('nbs', 'api', 'docs', 'bench/results', '_static'):
+        (src / folder).mkdir(parents=True)
+    for name in ('conf.py', 'favicon.png', 'custom.css'):
+        shutil.copy(DOCS / name, src / ('_static' if name.endswith('.css') else '') / name)
+    for path in [*DOCS.glob('*.md'), *DOCS.glob('*.png')]:
+        if path.name != 'index.md':
+            shutil.copy(path, src / 'docs' / path.name)
+    shutil.copy(BENCH / 'README.md', src / 'bench' / 'README.md')
+    for path in BENCH.glob('results/*.md'):
+        shutil.copy(path, src / 'bench' / 'results' / path.name)
     for nb in nbs:
-        shutil.copy(nb.path, src / 'nbs' / nb.path.name)
+        text = json.dumps(without_directives(json.loads(nb.path.read_text(encoding='utf-8'))))
+        (src / 'nbs' / nb.path.name).write_text(text, encoding='utf-8')
+    UNDESCRIBED.clear()
     pages = reference_pages(nbs)
     for module, text in pages.items():
         (src / 'api' / f'{module}.md').write_text(text, encoding='utf-8')
@@ -308,11 +514,21 @@ def assemble(src: Path) -> list[str]:
     return list(pages)
 
 
+def site_pages(html: Path) -> list[Path]:
+    "The pages of the built site at `html`: its HTML files, in the order of their paths."
+    return sorted(html.rglob('*.html'))
+
+
 def build(out: Path) -> Path:
     "Assemble and build the site under `out`; returns the folder of its HTML pages."
     t0 = time.perf_counter()
     src = out / 'src'
     assemble(src)
+    if UNDESCRIBED:
+        raise SystemExit(
+            f'tools.site: {len(UNDESCRIBED)} entr(y/ies) of the API reference without a '
+            f'description (a docstring, or a line in DESCRIPTIONS): {", ".join(UNDESCRIBED)}'
+        )
     html = out / 'html'
     shutil.rmtree(html, ignore_errors=True)
     cmd = [
@@ -340,10 +556,17 @@ def build(out: Path) -> Path:
             f'tools.site: the API reference lacks {len(missing)} exported name(s): '
             f'{", ".join(missing)}'
         )
-    pages = sum(1 for _ in html.rglob('*.html'))
+    # the theme's Jinja macros, copied with its static files: templates, not pages
+    for macros in (html / '_static').glob('*macros.html'):
+        macros.unlink()
+    pages = site_pages(html)
+    (out / 'pages.txt').write_text(
+        ''.join(f'{p.relative_to(html).as_posix()}\n' for p in pages), encoding='utf-8'
+    )
     print(
-        f'site built in {time.perf_counter() - t0:.0f} s: {pages} pages in '
-        f'{html.relative_to(ROOT) if html.is_relative_to(ROOT) else html}'
+        f'site built in {time.perf_counter() - t0:.0f} s: {len(pages)} pages in '
+        f'{html.relative_to(ROOT) if html.is_relative_to(ROOT) else html}, every entry of the API '
+        'reference described'
     )
     return html
 
