@@ -1,9 +1,9 @@
 """Our BatchNorm2d (exp.batchnorm) against torch's nn.BatchNorm2d: one training step of the layer,
 forward plus backward, float32, at the shapes batch norm sees in the series' CNNs. Target: ours
-within 2x of torch's at each. Ours trains with its C++ kernel (notebook 08b, "One loop per channel,
-in C++"; the `kernel` line says whether it was built here); the `_python_` lines time the same layer
-with the kernel switched off, the Python passes, which is what a machine without a C++ compiler
-runs.
+within 2x of torch's at each. Ours trains with its C++ kernel (exp.kernels, appendix notebook
+A4_speed; the `kernel` line says whether it was built here); the `_python_` lines time the same
+layer with the kernel switched off, the Python passes, which is what a machine without a C++
+compiler runs.
 
 The shapes: simple_cnn((1, 16, 16, 2), bn=True) at bs 64 (the 3-vs-7 sample of notebooks 08-10), and
 the trainer's simple_cnn((1, 16, 32, 64, 10), bn=True) at bs 32 (`python -m exp.train --arch
@@ -40,7 +40,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-import exp.batchnorm
+import exp.kernels
 
 from common import report
 from exp.batchnorm import BatchNorm2d, _BatchNormFunction, build_kernel
@@ -300,7 +300,7 @@ report('target_ratio', 2.0)
 ops = build_kernel()
 report('kernel', 'built and loaded' if ops is not None else 'not built: ours is the Python passes')
 # the layers call the kernel through this wrapper too, so that step_parts can time its operators
-kernel_ops = exp.batchnorm._kernel_ops = KernelOps(ops) if ops is not None else None
+kernel_ops = exp.kernels._kernel_ops = KernelOps(ops) if ops is not None else None
 default_threads = torch.get_num_threads()
 for threads in sorted({1, default_threads}):
     torch.set_num_threads(threads)

@@ -5,14 +5,8 @@
 # %% ../nbs/08b_batchnorm.ipynb #94a874ec
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-import sys
-import time
-import warnings
 from numbers import Integral, Real
-from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
@@ -21,10 +15,13 @@ from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .exercises import ExerciseError, exercise, expect_close
+from .kernels import build_kernel, kernel_batch_norm, kernel_fits
+
+_all_ = ['build_kernel']
 
 # %% auto #0
-__all__ = ['BatchNorm1d', 'BatchNorm2d', 'build_kernel', 'LayerNorm', 'GroupNorm', 'RunningBatchNorm', 'check_instance_norm',
-           'check_fold_bn', 'check_running_var_after']
+__all__ = ['BatchNorm1d', 'BatchNorm2d', 'LayerNorm', 'GroupNorm', 'RunningBatchNorm', 'check_instance_norm', 'check_fold_bn',
+           'check_running_var_after', 'build_kernel']
 
 # %% ../nbs/08b_batchnorm.ipynb #2f6e9865
 def _check_positive_int(name: str, value) -> int:
@@ -114,8 +111,7 @@ class _BatchNormBase(_BatchNorm):
     backward) written here."""
 
     _dims: tuple[int, ...] = ()  # the input ranks a subclass accepts
-    # train with the C++ kernel where it fits: switched on in "One loop per channel, in C++"
-    kernel: bool = False
+    kernel: bool = True  # train with exp.kernels' C++ kernel where it fits; False: these passes
 
     def __init__(
         self,
@@ -167,10 +163,8 @@ class _BatchNormBase(_BatchNorm):
                     f"input shape {tuple(x.shape)}"
                 )
             track = self.training and self.track_running_stats and self.running_mean is not None
-            if self.kernel and _kernel_fits(xf, weight, self if track else None):
-                y = _KernelBatchNormFunction.apply(
-                    xf, weight, bias, self.eps, self if track else None
-                )
+            if self.kernel and kernel_fits(xf, weight, self if track else None):
+                y = kernel_batch_norm(xf, weight, bias, self.eps, self if track else None)
             else:
                 y = _BatchNormFunction.apply(
                     xf, weight, bias, (0, *range(2, x.dim())), self.eps, self if track else None
@@ -219,259 +213,6 @@ class BatchNorm2d(_BatchNormBase):
     as `nn.BatchNorm2d`."""
 
     _dims = (4,)
-
-# %% ../nbs/08b_batchnorm.ipynb #5358cf67
-# The C++ source: x is seen as (N, C, S), S the positions (H*W, L or 1); channel c's values are N
-# rows of S contiguous floats, row i at (i*C + c)*S. Each row is summed in float (short, and
-# vectorised), the rows' sums in double, as torch's CPU kernel accumulates.
-_KERNEL_SOURCE = r"""
-#include <ATen/ATen.h>
-#include <torch/library.h>
-#include <cmath>
-#include <optional>
-#include <tuple>
-
-using at::Tensor;
-
-static const float* floats(const Tensor& t) { return t.data_ptr<float>(); }
-
-// Per channel: the mean, then the sum of squares about it (two passes: no cancellation), then
-// y = x * a + b in a third. The running statistics move inside the same loop.
-std::tuple<Tensor, Tensor, Tensor> bn_forward(const Tensor& x_, const std::optional<Tensor>& weight,
-    const std::optional<Tensor>& bias, const std::optional<Tensor>& running_mean,
-    const std::optional<Tensor>& running_var, const std::optional<Tensor>& num_batches_tracked,
-    std::optional<double> momentum, double eps) {
-  TORCH_CHECK(x_.scalar_type() == at::kFloat && x_.device().is_cpu(),
-              "bn_forward: a float32 CPU tensor");
-  const Tensor x = x_.contiguous();
-  const int64_t N = x.size(0), C = x.size(1), S = x.numel() / (N * C), n = N * S;
-  Tensor y = at::empty_like(x), mean = at::empty({C}, x.options());
-  Tensor invstd = at::empty({C}, x.options());
-  const float *xp = floats(x), *wp = weight ? floats(*weight) : nullptr;
-  const float *bp = bias ? floats(*bias) : nullptr;
-  float *yp = y.data_ptr<float>(), *mp = mean.data_ptr<float>(), *ip = invstd.data_ptr<float>();
-  float *rm = running_mean ? running_mean->data_ptr<float>() : nullptr;
-  float *rv = running_var ? running_var->data_ptr<float>() : nullptr;
-  // torch's momentum convention; none: the cumulative average, the new value weighted
-  // 1 / the batches counted
-  double m = 0;
-  if (num_batches_tracked) {
-    const int64_t count = ++num_batches_tracked->data_ptr<int64_t>()[0];
-    m = momentum ? *momentum : 1. / count;
-  }
-  for (int64_t c = 0; c < C; ++c) {
-    double sum = 0, sqr = 0;
-    for (int64_t i = 0; i < N; ++i) {
-      const float* row = xp + (i * C + c) * S;
-      float row_sum = 0;
-#pragma omp simd reduction(+:row_sum)
-      for (int64_t j = 0; j < S; ++j) row_sum += row[j];
-      sum += row_sum;
-    }
-    const double mu = sum / n;
-    const float muf = mu;
-    for (int64_t i = 0; i < N; ++i) {
-      const float* row = xp + (i * C + c) * S;
-      float row_sqr = 0;
-#pragma omp simd reduction(+:row_sqr)
-      for (int64_t j = 0; j < S; ++j) { const float d = row[j] - muf; row_sqr += d * d; }
-      sqr += row_sqr;
-    }
-    const double is = 1 / std::sqrt(sqr / n + eps);
-    mp[c] = mu;
-    ip[c] = is;
-    if (rm) rm[c] = (1 - m) * rm[c] + m * mu;
-    if (rv) rv[c] = (1 - m) * rv[c] + m * sqr / (n - 1);  // the unbiased variance
-    const double w = wp ? wp[c] : 1.;
-    const float a = is * w, b = (bp ? bp[c] : 0.) - mu * is * w;
-    for (int64_t i = 0; i < N; ++i) {
-      const float* row = xp + (i * C + c) * S;
-      float* out = yp + (i * C + c) * S;
-#pragma omp simd
-      for (int64_t j = 0; j < S; ++j) out[j] = row[j] * a + b;
-    }
-  }
-  return {y, mean, invstd};
-}
-
-// Per channel: sum(g) and sum(g * (x - mean)) in one pass, then dL/dx in a second.
-std::tuple<Tensor, Tensor, Tensor> bn_backward(const Tensor& grad_y, const Tensor& x_,
-    const Tensor& mean, const Tensor& invstd, const std::optional<Tensor>& weight) {
-  const Tensor x = x_.contiguous(), g = grad_y.contiguous().to(at::kFloat);
-  const int64_t N = x.size(0), C = x.size(1), S = x.numel() / (N * C), n = N * S;
-  Tensor grad_x = at::empty_like(x), grad_weight = at::empty({C}, x.options());
-  Tensor grad_bias = at::empty({C}, x.options());
-  const float *xp = floats(x), *gp = floats(g), *wp = weight ? floats(*weight) : nullptr;
-  const float *mp = floats(mean), *ip = floats(invstd);
-  float *out = grad_x.data_ptr<float>(), *gwp = grad_weight.data_ptr<float>();
-  float *gbp = grad_bias.data_ptr<float>();
-  for (int64_t c = 0; c < C; ++c) {
-    const float mu = mp[c];
-    const double is = ip[c];
-    double sg = 0, sgx = 0;
-    for (int64_t i = 0; i < N; ++i) {
-      const float *row = xp + (i * C + c) * S, *grow = gp + (i * C + c) * S;
-      float row_g = 0, row_gx = 0;
-#pragma omp simd reduction(+:row_g, row_gx)
-      for (int64_t j = 0; j < S; ++j) { row_g += grow[j]; row_gx += grow[j] * (row[j] - mu); }
-      sg += row_g;
-      sgx += row_gx;
-    }
-    gbp[c] = sg;
-    gwp[c] = sgx * is;  // sum(g * x_hat)
-    // dL/dx = w * is * (g - sum(g)/n - (x - mean) * is^2 * sum(g * (x - mean))/n)
-    const float k = (wp ? wp[c] : 1.) * is, mg = sg / n, cx = sgx * is * is / n;
-    for (int64_t i = 0; i < N; ++i) {
-      const float *row = xp + (i * C + c) * S, *grow = gp + (i * C + c) * S;
-      float* o = out + (i * C + c) * S;
-#pragma omp simd
-      for (int64_t j = 0; j < S; ++j) o[j] = k * (grow[j] - mg - (row[j] - mu) * cx);
-    }
-  }
-  return {grad_x, grad_weight, grad_bias};
-}
-
-TORCH_LIBRARY(exp_batchnorm, m) {
-  m.def("bn_forward(Tensor x, Tensor? weight, Tensor? bias, Tensor(a!)? running_mean, "
-        "Tensor(b!)? running_var, Tensor(c!)? num_batches_tracked, float? momentum, float eps) "
-        "-> (Tensor, Tensor, Tensor)");
-  m.def("bn_backward(Tensor grad_y, Tensor x, Tensor mean, Tensor invstd, Tensor? weight) "
-        "-> (Tensor, Tensor, Tensor)");
-}
-TORCH_LIBRARY_IMPL(exp_batchnorm, CPU, m) {
-  m.impl("bn_forward", bn_forward);
-  m.impl("bn_backward", bn_backward);
-}
-"""
-
-_kernel_ops = ...  # not tried yet; then the loaded operators, or None where they could not be built
-
-
-def _kernel_dir() -> Path:
-    """Where the kernel is built: one folder per source, torch and Python version, under the user's
-    cache."""
-    fingerprint = f'{_KERNEL_SOURCE}{torch.__version__}{sys.version}'
-    key = hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
-    return (
-        Path(os.environ.get('XDG_CACHE_HOME') or Path.home() / '.cache')
-        / 'exp'
-        / f'batchnorm-{key}'
-    )
-
-
-def build_kernel():
-    """The kernel's operators: compiled on the first call on a machine (10-30 s), loaded from the
-    cache after; None if that fails."""
-    global _kernel_ops
-    if _kernel_ops is ...:
-        try:
-            from torch.utils.cpp_extension import load  # here, not at import: it imports setuptools
-
-            folder = _kernel_dir()
-            folder.mkdir(parents=True, exist_ok=True)
-            source = folder / 'batchnorm.cpp'
-            # whole or not at all: others may be reading it
-            if not source.exists() or source.read_text() != _KERNEL_SOURCE:
-                partial = folder / f'batchnorm.cpp.{os.getpid()}'
-                partial.write_text(_KERNEL_SOURCE)
-                os.replace(partial, source)
-            # torch's: held while one process builds, the others wait for it to go
-            lock = folder / 'lock'
-            # a killed build's
-            if lock.exists() and time.time() - lock.stat().st_mtime > 600:
-                lock.unlink(missing_ok=True)
-            path = os.environ.get('PATH', '')
-            # torch runs `ninja` from PATH: a venv's bin folder is only there when the venv is
-            # activated
-            try:
-                import ninja
-
-                os.environ['PATH'] = os.pathsep.join([ninja.BIN_DIR, path])
-            except ImportError:
-                pass
-            try:
-                load(
-                    name='exp_batchnorm',
-                    sources=[str(source)],
-                    build_directory=str(folder),
-                    extra_cflags=['-O3', '-fopenmp-simd'],
-                    is_python_module=False,
-                )
-            finally:
-                os.environ['PATH'] = path
-            _kernel_ops = torch.ops.exp_batchnorm
-        # no compiler, no ninja, a read-only home: the Python layer does the same work
-        except Exception as e:
-            warnings.warn(
-                f"exp.batchnorm: the C++ kernel could not be built ({type(e).__name__}: "
-                f"{str(e)[:300]}); "
-                "batch norm runs its Python passes: slower, the same results to float32's rounding"
-            )
-            _kernel_ops = None
-    return _kernel_ops
-
-
-def _kernel_fits(x: Tensor, weight: Tensor | None, track: _BatchNormBase | None) -> bool:
-    """Whether the kernel takes this batch: float32, on the CPU, contiguous, outside torch.compile,
-    and the kernel built."""
-    return (
-        x.dtype is torch.float32
-        and x.is_cpu
-        and x.is_contiguous()
-        and (weight is None or weight.dtype is torch.float32)
-        and (
-            track is None
-            or (
-                track.running_mean.dtype is torch.float32
-                and track.num_batches_tracked.dtype is torch.int64
-            )
-        )
-        and not torch.compiler.is_compiling()
-        and build_kernel() is not None
-    )
-
-
-class _KernelBatchNormFunction(torch.autograd.Function):
-    "The training pass of `_BatchNormFunction`, each half one call into the C++ kernel."
-
-    @staticmethod
-    def forward(
-        ctx,
-        x: Tensor,
-        weight: Tensor | None,
-        bias: Tensor | None,
-        eps: float,
-        track: _BatchNormBase | None,
-    ):
-        # the running statistics, and the count of batches, move inside the kernel
-        running = (
-            (None,) * 3
-            if track is None
-            else (track.running_mean, track.running_var, track.num_batches_tracked)
-        )
-        y, mean, invstd = _kernel_ops.bn_forward(
-            x, weight, bias, *running, None if track is None else track.momentum, eps
-        )
-        ctx.save_for_backward(x, mean, invstd, weight)
-        ctx.has_bias = bias is not None
-        return y
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_y: Tensor):
-        x, mean, invstd, weight = ctx.saved_tensors
-        grad_x, grad_weight, grad_bias = _kernel_ops.bn_backward(grad_y, x, mean, invstd, weight)
-        return (
-            grad_x,
-            grad_weight if weight is not None else None,
-            grad_bias if ctx.has_bias else None,
-            None,
-            None,
-        )
-
-
-# from here on, BatchNorm1d and BatchNorm2d use the kernel where it fits
-_BatchNormBase.kernel = True
 
 # %% ../nbs/08b_batchnorm.ipynb #261b9103
 def _normalize(x: Tensor, dims: tuple[int, ...], eps: float) -> Tensor:

@@ -14,8 +14,8 @@ from torch import Tensor
 from .exercises import ExerciseError, exercise, expect_close
 
 # %% auto #0
-__all__ = ['logsumexp', 'log_softmax', 'nll', 'cross_entropy', 'accuracy', 'try_compile', 'check_logsumexp_rows',
-           'check_nll_by_hand']
+__all__ = ['logsumexp', 'log_softmax', 'nll', 'cross_entropy', 'accuracy', 'check_logsumexp_rows', 'check_nll_by_hand',
+           'try_compile']
 
 # %% ../nbs/02_cross_entropy.ipynb #cf266b07
 def _check_scores(x: Tensor, name: str, ndim: int | None = None) -> None:
@@ -88,6 +88,11 @@ def log_softmax(x: Tensor) -> Tensor:
             out = torch.sub(xc, m, out=buf).sub_(lse)  # nothing needs buf any more: reuse it
     return out if out.dtype == x.dtype else out.to(x.dtype)
 
+# %% ../nbs/02_cross_entropy.ipynb #0b7e1a52
+from .kernels import try_compile  # compiles log_softmax, or any function, where it can
+
+_all_ = ['try_compile']
+
 # %% ../nbs/02_cross_entropy.ipynb #b27d96f1
 def _check_labels(t: Tensor, name: str, scores: Tensor, scores_name: str) -> None:
     """Raise TypeError/ValueError naming `name` unless `t` holds 1-d integer labels, one per row of
@@ -143,19 +148,6 @@ def accuracy(out: Tensor, targ: Tensor) -> Tensor:
     # an index past the last class would only count as wrong
     _check_classes(targ, 'targ', out.shape[1])
     return (out.argmax(dim=1) == targ).float().mean()
-
-# %% ../nbs/02_cross_entropy.ipynb #e2b3c4d5
-def try_compile(fn: Callable, *example, **compile_kwargs) -> tuple[Callable, str | None]:
-    """`fn` under `torch.compile`, compiled now on `example`, and None; where compiling fails, `fn`
-    itself and the reason."""
-    try:
-        compiled = torch.compile(fn, **compile_kwargs)
-        compiled(*example)  # torch.compile is lazy: the first call compiles, and fails if it cannot
-        return compiled, None
-    # no C++ compiler or Python headers, an unsupported platform or Python version, ...
-    except Exception as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else ''
-        return fn, f"{type(e).__name__}: {first_line}"
 
 # %% ../nbs/02_cross_entropy.ipynb #b8d4f2e3
 def _n_correct(out: Tensor, targ: Tensor) -> Tensor:

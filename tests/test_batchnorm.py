@@ -17,6 +17,7 @@ from hypothesis import given, settings, strategies as st
 from torch import nn
 
 import exp.batchnorm
+import exp.kernels
 from exp.batchnorm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RunningBatchNorm
 from exp.data import set_seed
 
@@ -231,7 +232,7 @@ def test_momentum_none_never_reads_the_count_on_the_host(monkeypatch, kernel):
     ft.test_eq(bn.num_batches_tracked, torch.tensor(1))
 
 
-# ---------------- the C++ kernel (notebook 08b, "One loop per channel")
+# ---------------- the C++ kernel (exp.kernels, appendix notebook A4_speed), as the layers use it
 
 
 def training_pass(bn, x):
@@ -244,7 +245,7 @@ def training_pass(bn, x):
     reason='no C++ compiler here to build the kernel with',
 )
 def test_the_kernel_builds_where_there_is_a_compiler():
-    assert exp.batchnorm.build_kernel() is not None
+    assert exp.kernels.build_kernel() is not None
     ft.test_eq(
         training_pass(BatchNorm2d(4), torch.randn(8, 4, 3, 3)), '_KernelBatchNormFunctionBackward'
     )
@@ -294,7 +295,7 @@ def test_without_a_compiler_the_python_passes_run_and_a_warning_says_why(monkeyp
 
     monkeypatch.setattr(torch.utils.cpp_extension, 'load', no_compiler)
     # not tried yet: the next training batch tries
-    monkeypatch.setattr(exp.batchnorm, '_kernel_ops', ...)
+    monkeypatch.setattr(exp.kernels, '_kernel_ops', ...)
     with pytest.warns(
         UserWarning, match='the C.. kernel could not be built .RuntimeError: Ninja is required'
     ):
@@ -304,7 +305,7 @@ def test_without_a_compiler_the_python_passes_run_and_a_warning_says_why(monkeyp
     with warnings.catch_warnings():
         warnings.simplefilter('error')  # tried once: no second try, no second warning
         check_like_torch(BatchNorm2d(4), nn.BatchNorm2d(4), (8, 4, 3, 3), [True, False])
-    ft.test_is(exp.batchnorm._kernel_ops, None)
+    ft.test_is(exp.kernels._kernel_ops, None)
 
 
 @pytest.mark.parametrize(
@@ -314,7 +315,7 @@ def test_a_lock_left_by_a_killed_build_is_removed(monkeypatch, tmp_path, age_s, 
     import torch.utils.cpp_extension
 
     monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path))
-    folder = exp.batchnorm._kernel_dir()
+    folder = exp.kernels._kernel_dir()
     folder.mkdir(parents=True)
     lock = folder / 'lock'
     lock.touch()
@@ -327,9 +328,9 @@ def test_a_lock_left_by_a_killed_build_is_removed(monkeypatch, tmp_path, age_s, 
         )
 
     monkeypatch.setattr(torch.utils.cpp_extension, 'load', load)
-    monkeypatch.setattr(exp.batchnorm, '_kernel_ops', ...)
-    exp.batchnorm.build_kernel()
-    ft.test_eq(seen, [(not removed, exp.batchnorm._KERNEL_SOURCE, str(folder))])
+    monkeypatch.setattr(exp.kernels, '_kernel_ops', ...)
+    exp.kernels.build_kernel()
+    ft.test_eq(seen, [(not removed, exp.kernels._KERNEL_SOURCE, str(folder))])
 
 
 def test_state_dicts_move_both_ways():
