@@ -5,28 +5,23 @@
 # %% ../nbs/12_distributed.ipynb #a0f19f09
 from __future__ import annotations
 
-import atexit
-import gc
-import inspect
 import math
-import os
-import re
-import socket
-import subprocess
-import sys
-import time
-from datetime import timedelta
 from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 from fastcore.basics import patch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
 from .callbacks import AvgStatsCallback, Callback, DataBunch, Learner
 from .cnn import DeviceCallback
 from .early_stopping import LRFinder
+from .elastic import ENV_VARS, DistributedError, broadcast_model, join_group, launch
+from .elastic import rank_lines, shutdown, torchrun_env
+from .elastic import NO_BUFFER_SYNC, GradientSync, collective, distributed_error
+from .elastic import ensure_group, process_device, sync_buffers, weighted_allreduce
+from .elastic import validate_launch, validate_shards, validate_share, validate_split
 from .exercises import ExerciseError, exercise, expect_close
 from .fp16 import MixedPrecision
 from .minibatch import DataLoader, Sampler
@@ -36,9 +31,15 @@ from .progress import ProgressCallback
 import exp.learner
 
 # %% auto #0
-__all__ = ['ENV_VARS', 'ShardedSampler', 'BatchShareSampler', 'launch', 'rank_lines', 'DistributedError', 'torchrun_env',
-           'shutdown', 'broadcast_model', 'DistributedCallback', 'join_group', 'check_rank_share',
-           'check_averaged_grad']
+__all__ = ['ShardedSampler', 'BatchShareSampler', 'DistributedCallback', 'check_rank_share', 'check_averaged_grad', 'ENV_VARS',
+           'DistributedError', 'broadcast_model', 'join_group', 'launch', 'rank_lines', 'shutdown', 'torchrun_env']
+
+# %% ../nbs/12_distributed.ipynb #c4e7a2b1
+# built in exp.elastic, and importable from here as before
+_all_ = ['ENV_VARS', 'DistributedError', 'broadcast_model', 'join_group', 'launch']
+_all_ += ['rank_lines', 'shutdown', 'torchrun_env']
+# the name scripts and tests import
+_sync_buffers = sync_buffers
 
 # %% ../nbs/12_distributed.ipynb #5b1f0ea3
 class ShardedSampler:
@@ -56,27 +57,10 @@ class ShardedSampler:
         drop_last: bool = False,
         even: bool = True,
     ):
-        if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0:
-            raise ValueError(f"bs must be a positive int, got {bs!r}")
-        if not isinstance(num_replicas, int) or num_replicas <= 0:
-            raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}")
-        if not isinstance(rank, int) or not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be an int in [0, {num_replicas}), got {rank!r}")
-        if not isinstance(seed, int):
-            raise TypeError(f"seed must be an int, got {seed!r}")
-        if drop_last and not even:
-            raise ValueError("drop_last evens the shards by dropping samples: it needs even=True")
-        n = len(ds)
-        if even and n < num_replicas and (drop_last or n == 0):
-            raise ValueError(f"{n} samples cannot be shared evenly by {num_replicas} processes")
+        n = validate_shards(ds, bs, num_replicas, rank, seed, drop_last, even)
         self.n, self.bs, self.num_replicas, self.rank = n, bs, num_replicas, rank
-        self.shuffle, self.seed, self.drop_last, self.even, self.epoch = (
-            shuffle,
-            seed,
-            drop_last,
-            even,
-            0,
-        )
+        self.shuffle, self.seed, self.epoch = shuffle, seed, 0
+        self.drop_last, self.even = drop_last, even
         if not even:
             self.num_samples = len(range(rank, n, num_replicas))
         elif drop_last:
@@ -101,15 +85,9 @@ class ShardedSampler:
             idxs = torch.arange(self.n)
         if not self.even:
             return idxs[self.rank :: self.num_replicas]
-        if self.total_size > self.n:  # pad with the first indices, repeated as often as needed
-            idxs = torch.cat(
-                [
-                    idxs,
-                    idxs.repeat(math.ceil((self.total_size - self.n) / self.n))[
-                        : self.total_size - self.n
-                    ],
-                ]
-            )
+        extra = self.total_size - self.n
+        if extra > 0:  # pad with the first indices, repeated as often as needed
+            idxs = torch.cat([idxs, idxs.repeat(math.ceil(extra / self.n))[:extra]])
         return idxs[self.rank : self.total_size : self.num_replicas]
 
     def __len__(self) -> int:
@@ -133,21 +111,7 @@ class BatchShareSampler:
     global batch (R processes)."""
 
     def __init__(self, sampler: Sampler, num_replicas: int, rank: int):
-        if not isinstance(sampler, Sampler):
-            raise TypeError(
-                f"sampler must be an exp.minibatch Sampler, got {type(sampler).__name__}"
-            )
-        if not isinstance(num_replicas, int) or num_replicas <= 0:
-            raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}")
-        if not isinstance(rank, int) or not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be an int in [0, {num_replicas}), got {rank!r}")
-        last = sampler.n % sampler.bs
-        if not sampler.drop_last and 0 < last < num_replicas:
-            raise ValueError(
-                f"the last batch of {sampler.n} samples in batches of {sampler.bs} holds {last}: "
-                "too few to give each "
-                f"of {num_replicas} processes one (give another batch size, or drop_last=True)"
-            )
+        validate_share(sampler, num_replicas, rank)  # and the last batch: one for each
         self.sampler, self.num_replicas, self.rank = sampler, num_replicas, rank
         # global_size: the batch the last share came from
         self.bs, self.global_size = sampler.bs // num_replicas, None
@@ -168,187 +132,9 @@ class BatchShareSampler:
             f'{self.sampler.n} samples in batches of {self.sampler.bs})'
         )
 
-# %% ../nbs/12_distributed.ipynb #3527af55
-def launch(
-    script: str | os.PathLike,
-    *args: str,
-    nproc: int = 2,
-    timeout: float = 300,
-    env: dict | None = None,
-    check: bool = True,
-    max_restarts: int = 0,
-) -> subprocess.CompletedProcess:
-    """Run `torchrun --standalone --nproc_per_node nproc [--max-restarts N] script args`
-    (`script='-m'` and a module in `args` also works)."""
-    if not isinstance(nproc, int) or nproc <= 0:
-        raise ValueError(f"nproc must be a positive int, got {nproc!r}")
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
-    # --tee 3: torchrun passes on each process's output line by line, each line tagged with its
-    # rank: '[default1]:...'
-    cmd = [
-        sys.executable,
-        '-m',
-        'torch.distributed.run',
-        '--standalone',
-        f'--nproc_per_node={nproc}',
-        f'--max-restarts={max_restarts}',
-        '--tee=3',
-        str(script),
-        *map(str, args),
-    ]
-    proc = subprocess.run(
-        cmd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, 'OMP_NUM_THREADS': '1', **(env or {})},
-    )
-    if check and proc.returncode != 0:
-        raise RuntimeError(
-            f"torchrun exited with code {proc.returncode}\n{proc.stdout}\n{proc.stderr[-3000:]}"
-        )
-    return proc
-
-
-def rank_lines(output: str, rank: int) -> list[str]:
-    "The lines of `launch`'s output that process `rank` printed, without their tag."
-    tag = f'[default{rank}]:'
-    return [line[len(tag) :] for line in output.splitlines() if line.startswith(tag)]
-
-# %% ../nbs/12_distributed.ipynb #8004b700
-ENV_VARS = ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')
-
-
-class DistributedError(RuntimeError):
-    "A collective operation failed: another process died, hung, or did not join in time."
-
-
-def torchrun_env() -> dict[str, int | str] | None:
-    """The process-group environment torchrun sets (`rank`, `local_rank`, `world_size`, ...), or
-    None if absent."""
-    if not all(k in os.environ for k in ENV_VARS):
-        return None
-    try:
-        env = {
-            k.lower(): int(os.environ[k])
-            for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_PORT')
-        }
-    except ValueError:
-        raise ValueError(
-            f"torchrun's variables must be integers, got { {k: os.environ[k] for k in ENV_VARS} }"
-        ) from None
-    if not 0 <= env['rank'] < env['world_size']:
-        raise ValueError(f"RANK={env['rank']} is not in [0, WORLD_SIZE={env['world_size']})")
-    return {**env, 'master_addr': os.environ['MASTER_ADDR']}
-
-
-# the timeout of the process group this process joined, in seconds: what the errors say
-_timeout = [300.0]
-
-
-def _failure(what: str, e: BaseException, rank: int | None = None) -> DistributedError:
-    """The DistributedError for the collective operation `what` that failed with `e`: the operation,
-    this rank, the timeout."""
-    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    # gloo's: its source line, then advice
-    first = re.sub(r'^\[[^\]]*\.(cc|cpp|h):\d+\]\s*', '', first).split('. ')[0]
-    rank = dist.get_rank() if rank is None else rank
-    return DistributedError(
-        f"rank {rank}: {what} failed: another process died, hung or did not answer within "
-        f"the {_timeout[0]:g} s timeout ({first})"
-    )
-
-
-def _collective(what: str, fn: Callable, *args, **kwargs):
-    """Run the collective operation `fn`; a failure (a peer died, or the timeout passed) becomes a
-    DistributedError."""
-    try:
-        return fn(*args, **kwargs)
-    except (RuntimeError, dist.DistError) as e:
-        raise _failure(what, e) from e
-
-
-def shutdown(barrier: bool = True) -> None:
-    """Leave the process group: wait for every process (a barrier, unless `barrier` is False), then
-    destroy it. A no-op without one."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    # a DistributedDataParallel no longer used may still hold the group, in a reference cycle
-    gc.collect()
-    try:
-        if barrier:
-            _collective('the final barrier', dist.barrier)
-    # its worker threads stop now, while the interpreter is whole
-    finally:
-        dist.destroy_process_group()
-
-
-def broadcast_model(model: nn.Module, src: int = 0) -> None:
-    "Copy process `src`'s parameters and buffers into every process's `model`."
-    with torch.no_grad():
-        for t in [*model.parameters(), *model.buffers()]:
-            _collective('broadcasting the model', dist.broadcast, t.data, src)
-
 # %% ../nbs/12_distributed.ipynb #f07e27c1
 def _silent(row) -> None:
     "The logger of ranks other than 0: the table is rank 0's to show."
-
-
-class _GradientSync:
-    """What DDP's communication hook needs for each batch: this rank's weight in the mean, and the
-    error it met (or None)."""
-
-    def __init__(self):
-        self.weight, self.error = 1.0, None
-
-
-# no return hint: DDP checks it, and reads a postponed one as wrong
-def _weighted_allreduce(sync: _GradientSync, bucket):
-    """DDP's communication hook: each rank's gradients times its share of the global batch, summed
-    over ranks: the batch's mean."""
-    buffer = bucket.buffer().mul_(sync.weight)
-
-    def done(fut):
-        try:
-            return fut.value()[0]
-        # a peer died, or the timeout passed: after_backward raises it, naming the operation
-        except RuntimeError as e:
-            sync.error = e
-            return buffer
-
-    try:
-        return dist.all_reduce(buffer, async_op=True).get_future().then(done)
-    except RuntimeError as e:
-        sync.error, fut = e, torch.futures.Future()
-        fut.set_result(buffer)
-        return fut
-
-
-def _sync_buffers(module: nn.Module) -> None:
-    """Copy rank 0's buffers (batch norm's statistics) to every rank, one broadcast per dtype: what
-    DDP does before each forward."""
-    by_dtype = {}
-    for b in module.buffers():
-        by_dtype.setdefault(b.dtype, []).append(b)
-    with torch.no_grad():
-        for bufs in by_dtype.values():
-            flat = torch.cat([b.reshape(-1) for b in bufs])
-            _collective(
-                "broadcasting rank 0's buffers (batch norm statistics)", dist.broadcast, flat, 0
-            )
-            for b, v in zip(bufs, flat.split([b.numel() for b in bufs])):
-                b.copy_(v.view_as(b))
-
-
-# DDP's own broadcast of the buffers before each forward, off (torch 2.13 renamed the option)
-_NO_BUFFER_SYNC = {
-    (
-        'forward_sync_buffers'
-        if 'forward_sync_buffers' in inspect.signature(DistributedDataParallel).parameters
-        else 'broadcast_buffers'
-    ): False
-}
 
 
 class DistributedCallback(Callback):
@@ -363,7 +149,7 @@ class DistributedCallback(Callback):
     def __init__(self, rank: int, world_size: int, device_ids: list[int] | None = None):
         self.rank, self.world_size, self.device_ids = rank, world_size, device_ids
         self.module = self.ddp = self.stats = None
-        self.sync = _GradientSync()
+        self.sync = GradientSync()
 
     def __repr__(self) -> str:
         return f'{type(self).__name__}(rank {self.rank} of {self.world_size})'
@@ -388,14 +174,14 @@ class DistributedCallback(Callback):
         if self.ddp is None and len(self.data.train_dl):
             # our hook averages the gradients, and we broadcast the buffers ourselves: a failure of
             # either names itself
-            self.ddp = _collective(
+            self.ddp = collective(
                 "setting up DDP (it checks and broadcasts rank 0's weights)",
                 DistributedDataParallel,
                 self.module,
                 device_ids=self.device_ids,
-                **_NO_BUFFER_SYNC,
+                **NO_BUFFER_SYNC,
             )
-            self.ddp.register_comm_hook(self.sync, _weighted_allreduce)
+            self.ddp.register_comm_hook(self.sync, weighted_allreduce)
         if self.ddp is not None:
             self.learn.model = self.ddp
 
@@ -406,14 +192,14 @@ class DistributedCallback(Callback):
         total = getattr(sampler, 'global_size', None)  # the global batch this batch is a share of
         self.sync.weight = len(self.run.yb) / total if total else 1 / self.world_size
         if self.buffers:
-            _sync_buffers(self.module)
+            sync_buffers(self.module)
 
     def after_backward(self):
         if self.sync.error is None:
             return
         e, self.sync.error = self.sync.error, None
         batch = self.run.n_iter - self.epoch * len(self.data.train_dl)
-        raise _failure(
+        raise distributed_error(
             f"the gradient all-reduce (DDP, in backward) of epoch {self.epoch}, batch {batch}", e
         ) from e
 
@@ -426,7 +212,7 @@ class DistributedCallback(Callback):
         t = torch.tensor(
             [float(v) for v in stats.all_stats] + [stats.count], dtype=torch.float64, device=device
         )
-        _collective(f'summing the statistics of epoch {self.epoch}', dist.all_reduce, t)
+        collective(f'summing the statistics of epoch {self.epoch}', dist.all_reduce, t)
         stats.tot_loss, stats.tot_mets, stats.count = (
             t[0].item(),
             t[1:-1].tolist(),
@@ -479,107 +265,17 @@ def _valid_bs(dl) -> int:
     return sampler.bs * getattr(sampler, 'num_replicas', 1)
 
 
-def _wait_for(host: str, port: int, timeout: float) -> None:
-    """Return once something accepts connections at `host`:`port`; raise TimeoutError if nothing has
-    within `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with socket.create_connection(
-                (host, port), timeout=max(0.1, min(1.0, deadline - time.monotonic()))
-            ):
-                return
-        except OSError as e:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"nothing answered at {host}:{port} ({e.strerror or e})"
-                ) from None
-            time.sleep(0.2)
-
-
-def join_group(backend: str, timeout: float, device: torch.device | None = None) -> None:
-    """Join torchrun's process group, on a store of its own per restart; a rendezvous that fails in
-    `timeout` s is a DistributedError."""
-    env = torchrun_env()
-    rank, world, host, port = env['rank'], env['world_size'], env['master_addr'], env['master_port']
-    attempt = os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')
-    # torchrun's agent hosts the store; else rank 0
-    agent = os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True'
-    _timeout[0] = timeout
-    # DDP imports torch._dynamo; imported after the group exists, it keeps a reference to it for
-    # good, so that destroy_process_group could not end gloo's threads, which then outlived the
-    # interpreter (an abort at exit)
-    import torch._dynamo  # noqa: F401
-
-    try:
-        # in Python: torch's own wait logs each retry on stderr
-        if agent or rank != 0:
-            _wait_for(host, port, timeout)
-        store = dist.TCPStore(
-            host,
-            port,
-            world,
-            is_master=not agent and rank == 0,
-            timeout=timedelta(seconds=timeout),
-            multi_tenant=not agent,
-        )
-        # a restarted group meets on the agent's store, which still holds the last attempt's
-        # addresses: its own prefix
-        dist.init_process_group(
-            backend,
-            store=dist.PrefixStore(f'exp/attempt-{attempt}', store),
-            rank=rank,
-            world_size=world,
-            timeout=timedelta(seconds=timeout),
-            device_id=device,
-        )
-    except (RuntimeError, dist.DistError, OSError) as e:
-        raise _failure(f"joining the process group at {host}:{port} (rendezvous)", e, rank) from e
-    atexit.unregister(_leave_at_exit)
-    atexit.register(_leave_at_exit)
-
-
-def _leave_at_exit() -> None:
-    """Destroy the process group at exit, if the program has not (an error, an exit): gloo's threads
-    must end before the interpreter."""
-    shutdown(barrier=False)
-
-
 @patch
 def to_distributed(
     self: Learner, backend: str | None = None, timeout: float = 300.0, seed: int | None = None
 ) -> Learner:
     """Train data-parallel over the processes torchrun started (gloo on CPU, NCCL on CUDA); returns
     the learner."""
-    env = torchrun_env()
-    if env is None:
-        missing = ', '.join(k for k in ENV_VARS if k not in os.environ)
-        raise RuntimeError(
-            f"to_distributed() needs the environment torchrun gives each process ({missing} not "
-            "set): "
-            "launch with `torchrun --nproc_per_node N script.py` (or `-m module`)"
-        )
+    # every refusal comes before joining: one clear error in every process, not a hang
+    env = validate_launch(timeout, seed)
     rank, local_rank, world = env['rank'], env['local_rank'], env['world_size']
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not 0 < timeout < math.inf
-    ):
-        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TypeError(f"seed must be an int, got {seed!r}")
     sampler, valid_bs = _train_sampler(self.data.train_dl), _valid_bs(self.data.valid_dl)
-    bs = sampler.bs
-    if bs % world:
-        raise ValueError(
-            f"the batch size {bs} does not split evenly over {world} processes: give a multiple of "
-            f"{world} "
-            f"(each process takes bs / {world} samples of every batch)"
-        )
-    if len(self.data.train_ds) < world:
-        raise ValueError(
-            f"{len(self.data.train_ds)} training samples cannot be shared by {world} processes"
-        )
+    validate_split(sampler.bs, len(self.data.train_ds), world)
     # raises if the last batch is too small
     train_dl = DataLoader(
         self.data.train_ds,
@@ -587,36 +283,14 @@ def to_distributed(
         collate_fn=self.data.train_dl.collate_fn,
         batch_index=self.data.train_dl.batch_index,
     )
-    devices = [cb for cb in self.cbs if isinstance(cb, DeviceCallback)]
-    device = devices[0].device if devices else next(self.model.parameters()).device
-    if device.type == 'cuda':
-        if local_rank >= torch.cuda.device_count():
-            raise ValueError(
-                f"LOCAL_RANK={local_rank} needs a GPU of that index; this machine has "
-                f"{torch.cuda.device_count()}: "
-                f"start at most that many processes per machine"
-            )
-        device = torch.device('cuda', local_rank)
-        torch.cuda.set_device(device)
-        for cb in devices:
-            cb.device = device
-        # the model and each batch on this process's GPU
-        if not devices:
-            self.cbs.append(DeviceCallback(device))
+    device = process_device(self, local_rank)
     backend = backend or ('nccl' if device.type == 'cuda' else 'gloo')
-    if not dist.is_initialized():
-        # device_id binds a CUDA process to its GPU (NCCL's barrier and collectives then need no
-        # guess)
-        join_group(backend, timeout, device if device.type == 'cuda' else None)
-    elif dist.get_world_size() != world or dist.get_rank() != rank:
-        raise RuntimeError(
-            f"a process group of {dist.get_world_size()} is already set up; torchrun's says {world}"
-        )
+    ensure_group(backend, timeout, device, rank, world)
     if seed is not None:
         sampler.generator.manual_seed(seed)
     # every process shuffles as rank 0 does, whatever seeded it
     state = sampler.generator.get_state().to(device)
-    _collective('sharing the shuffling', dist.broadcast, state, 0)
+    collective('sharing the shuffling', dist.broadcast, state, 0)
     sampler.generator.set_state(state.cpu())
     self.data = DataBunch(
         train_dl, _shard(self.data.valid_dl, max(1, valid_bs // world), rank, world), self.data.c

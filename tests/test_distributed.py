@@ -352,7 +352,7 @@ def test_a_failing_peer_is_a_distributed_error(fault, at, tmp_path, no_torchrun_
     assert procs[0].returncode == 1, (procs[0].returncode, err[-3000:])
     last = err.strip().splitlines()[-1]
     assert (
-        f"exp.distributed.DistributedError: {OPERATION[at]}: another process died, hung or did "
+        f"exp.elastic.DistributedError: {OPERATION[at]}: another process died, hung or did "
         "not answer within the 3 s timeout ("
     ) in last, err[-3000:]
     assert 'terminate called' not in err
@@ -426,13 +426,14 @@ def notebook_scripts(name: str) -> dict[str, str]:
     not Path('/proc/self/task').is_dir(), reason="lists the process's threads from Linux's /proc"
 )
 def test_the_lessons_plain_scripts_end_their_gloo_threads(tmp_path, no_torchrun_env):
-    """Notebook 12's plain-torch scripts destroy their group for good: gloo's threads left at exit
-    could abort it (SIGABRT)."""
-    scripts = {
-        k: v
-        for k, v in notebook_scripts('12_distributed.ipynb').items()
-        if 'dist.destroy_process_group()' in v
+    """The plain-torch scripts of notebooks 12 and A6 destroy their group for good: gloo's threads
+    left at exit could abort it (SIGABRT)."""
+    # the lesson's scripts, and its appendix's (A6 builds the operations on top of them)
+    written = {
+        **notebook_scripts('12_distributed.ipynb'),
+        **notebook_scripts('A6_elastic.ipynb'),
     }
+    scripts = {k: v for k, v in written.items() if 'dist.destroy_process_group()' in v}
     assert {'hello.py', 'by_hand.py', 'ddp.py'} <= set(scripts), sorted(scripts)
     for name, code in scripts.items():
         (tmp_path / name).write_text(code + THREADS_LEFT)

@@ -25,7 +25,7 @@ CEILINGS = {
     '09_fp16': (857, 60),
     '10_learner': (938, 63),
     '11_train': (1316, 254),
-    '12_distributed': (1015, 140),
+    '12_distributed': (552, 60),
 }
 LESSONS = [nb for nb in notebooks() if not is_appendix(nb)]
 
