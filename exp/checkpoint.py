@@ -80,10 +80,9 @@ def _set_rng_state(state: dict, spare: bool = False) -> None:
     )
 
 # %% ../nbs/A2_checkpoint.ipynb #bc688778
-def _checkpoint_cbs(learn: Learner) -> list[Callback]:
-    """The callbacks whose states a checkpoint of `learn` keeps: those of its fit (during or after
-    one), else its own."""
-    run = getattr(learn, 'run', None)
+def _checkpoint_cbs(learn: Learner, run: Runner | None) -> list[Callback]:
+    """The callbacks whose states a checkpoint of `learn` keeps: those of its fit `run` (during or
+    after it), else its own."""
     if run is None or run.learn is not learn:
         return learn.cbs
     return run.cbs + [cb for cb in learn.cbs if cb not in run.cbs]
@@ -94,12 +93,12 @@ def _class_name(obj) -> str:
     return f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
-def checkpoint_state(learn: Learner) -> dict:
+def checkpoint_state(learn: Learner, run: Runner | None = None) -> dict:
     """What a checkpoint of `learn` holds: model, optimizer, epoch, RNG states, the data's and the
-    callbacks' states."""
+    callbacks' states; `run`: its fit (default `learn.run`)."""
     if not isinstance(learn, Learner):
         raise TypeError(f"learn must be a Learner, got {type(learn).__name__}")
-    run = getattr(learn, 'run', None)
+    run = getattr(learn, 'run', None) if run is None else run
     in_fit = run is not None and run.learn is learn
     mp = run.find(MixedPrecision) if in_fit else None
     # in a mixed-precision fit: the fp32 masters
@@ -115,7 +114,7 @@ def checkpoint_state(learn: Learner) -> dict:
         'n_iter': run.n_iter if in_fit else None,
         'rng': _rng_state(),
         'data': learn.data.state_dict(),
-        'callbacks': callback_states(_checkpoint_cbs(learn)),
+        'callbacks': callback_states(_checkpoint_cbs(learn, run)),
     }
 
 
@@ -341,14 +340,14 @@ def load_checkpoint(learn: Learner, path: str | os.PathLike) -> dict:
     return state
 
 # %% ../nbs/A2_checkpoint.ipynb #94c9c950
-def save_checkpoint(learn: Learner, path: str | os.PathLike) -> Path:
-    """Write a checkpoint of `learn` to `path`, atomically, unless this process is not rank 0;
-    returns the path."""
+def save_checkpoint(learn: Learner, path: str | os.PathLike, run: Runner | None = None) -> Path:
+    """Write a checkpoint of `learn` (`run`: its fit, default `learn.run`) to `path`, atomically,
+    unless this process is not rank 0."""
     path = Path(path)
     # data-parallel: the processes hold the same weights, rank 0 writes them for all
     if getattr(learn, 'rank', 0) != 0:
         return path
-    return write_checkpoint(checkpoint_state(learn), path)
+    return write_checkpoint(checkpoint_state(learn, run), path)
 
 
 class SaveModelCallback(TrackerCallback):
@@ -380,7 +379,9 @@ class SaveModelCallback(TrackerCallback):
             super().after_epoch()
             if not self.new_best:
                 return
-        self.last_saved, self.saved_epoch = save_checkpoint(self.learn, self.path), self.epoch
+        # this fit's callbacks and epoch, also in a Runner's fit that is not learn.run
+        path = save_checkpoint(self.learn, self.path, self.run)
+        self.last_saved, self.saved_epoch = path, self.epoch
 
 
 def interrupt_note(run: Runner) -> str:
