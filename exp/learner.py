@@ -5,52 +5,37 @@
 # %% ../nbs/10_learner.ipynb #fedbc012
 from __future__ import annotations
 
-import hashlib
-import io
 import math
 import os
-import pickle
-import random
-import zipfile
 from numbers import Real
 from pathlib import Path
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 from fastcore.basics import listify, patch
 
-from .anneal import Recorder, sched_1cycle
-from exp.callbacks import (
-    AvgStatsCallback,
-    Callback,
-    DataBunch,
-    Learner,
-    NonFiniteError,
-    Runner,
-    callback_states,
-    check_callback_states,
-    load_callback_states,
-)
-from .data import atomic_write
-from .early_stopping import EarlyStopping, LRFinder, TrackerCallback, load_opt_state, opt_state
 from . import fp16
-from .fp16 import MixedPrecision
+from .anneal import Recorder, sched_1cycle
+from .callbacks import AvgStatsCallback, Callback, DataBunch, Learner, Runner
+from .checkpoint import CHECKPOINT_VERSION, CheckpointMismatch, SaveModelCallback
+from .checkpoint import TerminateOnNaNCallback, interrupt_note, load_checkpoint, save_checkpoint
+from .early_stopping import LRFinder
 from .exercises import ExerciseError, exercise
+from .fp16 import MixedPrecision
 from .progress import ProgressCallback
 
 # %% auto #0
-__all__ = ['CHECKPOINT_VERSION', 'TerminateOnNaNCallback', 'suggest_lr', 'CheckpointMismatch', 'SaveModelCallback',
-           'check_resume_start', 'check_suggest_lr']
+__all__ = ['suggest_lr', 'check_resume_start', 'check_suggest_lr', 'CHECKPOINT_VERSION', 'CheckpointMismatch',
+           'SaveModelCallback', 'TerminateOnNaNCallback']
+
+# %% ../nbs/10_learner.ipynb #feac7eb7
+_all_ = ['CHECKPOINT_VERSION', 'CheckpointMismatch', 'SaveModelCallback', 'TerminateOnNaNCallback']
 
 # %% ../nbs/10_learner.ipynb #196e6b60
-# ProgressCallback's display: 'auto', 'notebook', 'console', 'text' or 'off'
-Learner.display = 'auto'
+Learner.display = 'auto'  # ProgressCallback's: 'auto', 'notebook', 'console', 'text' or 'off'
 Learner.run = None  # the Runner of the last fit
-# this process's place in data-parallel training (notebook 12 sets them)
-Learner.rank, Learner.world_size = 0, 1
-# stop a fit at a training loss that is not finite (TerminateOnNaNCallback)
-Learner.terminate_on_nan = True
+Learner.rank, Learner.world_size = 0, 1  # this process's place in data-parallel training (nb 12)
+Learner.terminate_on_nan = True  # stop at a loss that is not finite (TerminateOnNaNCallback)
 
 
 @patch(as_prop=True)
@@ -83,74 +68,9 @@ def fit(
     try:
         self.run.fit(epochs, self, start_epoch=start_epoch, cb_states=cb_states)
     except KeyboardInterrupt as e:
-        saver = self.run.find(SaveModelCallback)
-        where = (
-            f"the last checkpoint is {saver.last_saved}"
-            if saver and saver.last_saved
-            else "no checkpoint was written"
-        )
-        e.add_note(
-            f"Interrupted during epoch {self.run.epoch}: the model is usable (fp32, callbacks "
-            f"done); {where}."
-        )
+        e.add_note(interrupt_note(self.run))  # where the last checkpoint is
         raise
     return self.run
-
-
-class TerminateOnNaNCallback(Callback):
-    """Stop the fit with a NonFiniteError at the first training loss that is nan or inf, naming its
-    epoch and batch."""
-
-    name = 'terminate_on_nan'
-    run_before = (MixedPrecision,)  # the loss before it is scaled
-
-    def begin_fit(self):
-        mp = self.run.find(MixedPrecision)
-        # the LR finder stops at a non-finite loss itself; dynamic loss scaling skips such a step,
-        # and has a floor
-        self.active = self.run.find(LRFinder) is None and not (mp is not None and mp.dynamic)
-        self.kept = []
-
-    def begin_epoch(self):
-        self.batch, self.kept = 0, []
-
-    def after_loss(self):
-        run = self.run  # read directly at every batch: see notebook 04's "Making it fast"
-        if not (self.active and run.in_train):
-            return
-        loss = run.loss
-        # on the CPU reading it costs a microsecond: check now, before the step uses it. (is_cpu,
-        # not loss.device.type: that builds a torch.device a batch, which in a training loop costs
-        # more than the check)
-        if loss.is_cpu:
-            # a Python float, without the detached copy that keeping the loss would need
-            value = loss.item()
-            if not math.isfinite(value):
-                self._stop(self.batch, value)
-        # reading it would wait for the device: check the epoch's losses together
-        else:
-            self.kept.append(loss.detach())
-        self.batch += 1
-
-    def begin_validate(self):
-        self._check_kept()
-
-    def after_epoch(self):
-        self._check_kept()  # in case validation did not run
-
-    def _check_kept(self):
-        if not self.kept:
-            return
-        losses, self.kept = torch.stack(self.kept).float(), []
-        bad = (~losses.isfinite()).nonzero()
-        if len(bad):
-            self._stop(int(bad[0]), float(losses[bad[0]]))
-
-    def _stop(self, batch: int, loss: float):
-        raise NonFiniteError(
-            f"the training loss is {loss} at epoch {self.epoch}, batch {batch}: training stopped "
-            "(learn.terminate_on_nan = False trains on)"
-        )
 
 
 def _momentum_param(opt) -> tuple[str | None, int | None]:
@@ -185,11 +105,8 @@ def fit_one_cycle(
 ) -> Runner:
     """fastai v1's one-cycle over `cyc_len` epochs: lr `max_lr/div_factor` up to `max_lr`, down to
     `max_lr/final_div`; momentum the other way."""
-    if not (
-        isinstance(moms, (tuple, list))
-        and len(moms) == 2
-        and all(isinstance(m, Real) and not isinstance(m, bool) for m in moms)
-    ):
+    two = isinstance(moms, (tuple, list)) and len(moms) == 2
+    if not (two and all(isinstance(m, Real) and not isinstance(m, bool) for m in moms)):
         raise ValueError(
             "moms must be two numbers, the momentum at the start (and end) and at the peak lr; "
             f"got {moms!r}"
@@ -311,342 +228,19 @@ def lr_find(
     rec = self.recorder
     return suggest_lr(rec.lrs[0], [float(l) for l in rec.losses])
 
-# %% ../nbs/10_learner.ipynb #71e99ad5
-# 2: each callback's state under its name, and the data's; 1 kept a fixed set at the top level
-CHECKPOINT_VERSION = 2
-
-
-def _rng_state() -> dict:
-    """The state of every global random number generator, in types `torch.load(weights_only=True)`
-    accepts."""
-    version, key, pos, has_gauss, gauss = np.random.get_state()
-    return {
-        'torch': torch.get_rng_state(),
-        'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        'python': random.getstate(),
-        'numpy': {
-            'key': torch.from_numpy(key.astype(np.int64)),
-            'pos': pos,
-            'has_gauss': has_gauss,
-            'gauss': gauss,
-        },
-    }
-
-
-def _set_rng_state(state: dict, spare: bool = False) -> None:
-    """Restore what `_rng_state` captured; with `spare`, into new generators instead, to check that
-    it fits them."""
-    gens = (
-        (torch.Generator(), random.Random(), np.random.RandomState())
-        if spare
-        else (torch.default_generator, random, np.random)
-    )
-    gens[0].set_state(state['torch'])
-    # as many GPUs as are here
-    cuda = state['cuda'][: torch.cuda.device_count()] if torch.cuda.is_available() else []
-    for i, s in enumerate(cuda):
-        if not spare:
-            torch.cuda.set_rng_state(s, i)
-        elif not (isinstance(s, torch.Tensor) and s.shape == torch.cuda.get_rng_state(i).shape):
-            raise ValueError(f"the state of CUDA generator {i} is not one")
-    version, internal, gauss = state['python']
-    gens[1].setstate((version, tuple(internal), gauss))
-    n = state['numpy']
-    gens[2].set_state(
-        ('MT19937', n['key'].numpy().astype(np.uint32), n['pos'], n['has_gauss'], n['gauss'])
-    )
-
-
-def _atomic_save(obj, path: Path) -> None:
-    """torch.save `obj` to `path` through exp.data's atomic write (temporary file, fsync, rename),
-    its digest included."""
-    buffer = io.BytesIO()
-    torch.save(obj, buffer)
-    atomic_write(path, _with_digest(buffer.getvalue()))
-
-# %% ../nbs/10_learner.ipynb #8d40e1e7
-def _checkpoint_cbs(learn: Learner) -> list[Callback]:
-    """The callbacks whose states a checkpoint of `learn` keeps: those of its fit (during or after
-    one), else its own."""
-    run = learn.run
-    if run is None or run.learn is not learn:
-        return learn.cbs
-    return run.cbs + [cb for cb in learn.cbs if cb not in run.cbs]
-
-
-def _class_name(obj) -> str:
-    "The class of `obj`, with its module: `torch.optim.sgd.SGD`."
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"
-
-
+# %% ../nbs/10_learner.ipynb #f30b94fa
 @patch
 def save(self: Learner, path: str | os.PathLike) -> Path:
     """Write a checkpoint (model, optimizer, epoch, RNG states, the data's and the callbacks'
     states) to `path`, atomically."""
-    path = Path(path)
-    # data-parallel: the processes hold the same weights, rank 0 writes them for all
-    if self.rank != 0:
-        return path
-    run = self.run
-    in_fit = run is not None and run.learn is self
-    mp = run.find(MixedPrecision) if in_fit else None
-    # in a mixed-precision fit: the fp32 masters
-    weights = mp.fp32_state() if mp is not None else None
-    model_state, opt_state_dict = weights or (self.model.state_dict(), opt_state(self.opt))
-    state = {
-        'version': CHECKPOINT_VERSION,
-        'model': model_state,
-        'opt': opt_state_dict,
-        'opt_class': _class_name(self.opt),
-        'epoch': run.epoch if in_fit else None,
-        'epochs': run.epochs if in_fit else None,
-        'n_iter': run.n_iter if in_fit else None,
-        'rng': _rng_state(),
-        'data': self.data.state_dict(),
-        'callbacks': callback_states(_checkpoint_cbs(self)),
-    }
-    _atomic_save(state, path)
-    return path
-
-
-def _from_version_1(state: dict) -> dict:
-    """A version 1 checkpoint (the loss scaler, the table, the Recorder's and the samplers' states
-    at the top level) as version 2."""
-    cbs = {}
-    if state['scaler'] is not None:
-        cbs['mixed_precision'] = dict(state['scaler'])
-    if state['history']:
-        cbs['avg_stats'] = {'history': state['history']}
-    if state['recorder'] is not None:
-        cbs['recorder'] = dict(state['recorder'])
-    kept = {k: state[k] for k in ('model', 'opt', 'epoch', 'epochs', 'n_iter', 'rng')}
-    return {
-        **kept,
-        'version': CHECKPOINT_VERSION,
-        'data': {'samplers': state['samplers']},
-        'callbacks': cbs,
-    }
-
-
-def _read_checkpoint(path: Path) -> dict:
-    """The checkpoint at `path` in this version's layout (an older one converted); anything else
-    refused, saying why."""
-    if not path.is_file():
-        raise FileNotFoundError(f"no checkpoint at {path}")
-    raw = path.read_bytes()
-    # empty, cut short or changed since it was written: refused before it is read as weights
-    _check_bytes(raw, path)
-    try:
-        state = torch.load(io.BytesIO(raw), map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise ValueError(
-            f"{path} is not a checkpoint this library wrote (refused to unpickle it: {e})"
-        ) from None
-    version = state.get('version') if isinstance(state, dict) else None
-    if type(version) is not int:
-        version = None  # not True, which equals 1
-    if version == CHECKPOINT_VERSION:
-        return state
-    if version == 1:
-        return _from_version_1(state)
-    if version is not None and version > CHECKPOINT_VERSION:
-        raise ValueError(
-            f"{path} is a version {version} checkpoint, written by a newer version of this "
-            "library; "
-            f"this one reads versions 1 to {CHECKPOINT_VERSION}: upgrade it to load the file"
-        )
-    raise ValueError(
-        f"{path} is not a checkpoint this library wrote: it has no version between 1 and "
-        f"{CHECKPOINT_VERSION}"
-    )
+    return save_checkpoint(self, path)  # only rank 0 writes, in data-parallel training
 
 
 @patch
 def load(self: Learner, path: str | os.PathLike) -> dict:
     """Load the checkpoint at `path` into this learner (model, optimizer, RNG states, data, its
     callbacks); returns the checkpoint."""
-    path = Path(path)
-    state = _read_checkpoint(path)
-    # every piece, before any is loaded: a checkpoint that does not fit changes nothing
-    _check_fits(self, state, path)
-    device = next(self.model.parameters()).device
-    self.model.float()
-    self.model.load_state_dict(state['model'])
-    self.model.to(device)
-    load_opt_state(self.opt, state['opt'])
-    # the learner's own (mixed precision's scaler); a fit's at resume
-    load_callback_states(self.cbs, state['callbacks'])
-    _set_rng_state(state['rng'])
-    self.data.load_state_dict(state['data'])
-    return state
-
-# %% ../nbs/10_learner.ipynb #034ed3cf
-# the signature of a zip archive's end record: 22 bytes, the last two the length of its comment
-_END = b'PK\x05\x06'
-_DIGEST_TAG = b'exp-sha256:'
-_COMMENT = len(_DIGEST_TAG) + 64  # our comment: the tag and the hex digest
-
-
-def _with_digest(archive: bytes) -> bytes:
-    """The zip `archive` torch.save wrote (it has no comment), with the sha256 of all its bytes
-    before the comment as its comment."""
-    if archive[-22:-18] != _END or archive[-2:] != b'\x00\x00':
-        raise ValueError("expected a zip archive without a comment")
-    body = archive[:-2]
-    return (
-        body
-        + _COMMENT.to_bytes(2, 'little')
-        + _DIGEST_TAG
-        + hashlib.sha256(body).hexdigest().encode()
-    )
-
-
-def _check_bytes(raw: bytes, path: Path) -> None:
-    """Refuse, naming `path`, a checkpoint that is empty, cut short, or changed in any byte since it
-    was written."""
-    if not raw:
-        raise ValueError(
-            f"{path} is empty (0 bytes): the checkpoint is truncated (a full disk? a copy that was "
-            "cut?)"
-        )
-    n = _COMMENT
-    # it ends with a digest
-    if raw[-22 - n : -18 - n] == _END and raw[-n - 2 : -n] == n.to_bytes(2, 'little'):
-        if raw[-n:] != _DIGEST_TAG + hashlib.sha256(raw[: -n - 2]).hexdigest().encode():
-            raise ValueError(
-                f"{path} is damaged: its bytes changed after it was written (their sha256 is not "
-                "the one it carries)"
-            )
-        return
-    if raw[-22:-18] != _END or raw[-2:] != b'\x00\x00':
-        raise ValueError(
-            f"{path} is truncated or damaged: its {len(raw):,} bytes do not end as a checkpoint's "
-            "do"
-        )
-    try:  # a checkpoint written before digests: the CRC of each part of the archive is the check
-        with zipfile.ZipFile(io.BytesIO(raw)) as z:
-            bad = z.testzip()
-    except zipfile.BadZipFile as e:
-        raise ValueError(f"{path} is damaged ({e})") from None
-    if bad is not None:
-        raise ValueError(f"{path} is damaged: its part {bad} fails its CRC check")
-
-
-class CheckpointMismatch(ValueError):
-    """A checkpoint that does not fit this learner; `piece` says where: 'model', 'optimizer', 'rng',
-    'data' or 'callbacks'."""
-
-    def __init__(self, path: Path, piece: str, why: str):
-        super().__init__(f"{path}: its {piece} state does not fit this learner: {why}")
-        self.piece = piece
-
-
-def _check_model(model: torch.nn.Module, saved: dict) -> None:
-    "Raise unless `saved` has the keys of `model`'s state dict, each a tensor of the same shape."
-    own = model.state_dict()
-    missing, extra = [k for k in own if k not in saved], [k for k in saved if k not in own]
-    if missing or extra:
-        raise ValueError(
-            f"the model has {missing} that the checkpoint lacks, the checkpoint {extra} that it "
-            "lacks"
-        )
-    for k, v in own.items():
-        if not isinstance(saved[k], torch.Tensor) or saved[k].shape != v.shape:
-            raise ValueError(
-                f"{k} is {tuple(getattr(saved[k], 'shape', ()))} in the checkpoint, "
-                f"{tuple(v.shape)} in the model"
-            )
-
-
-def _check_opt(opt, saved: dict, saved_class: str | None) -> None:
-    """Raise unless `saved` (from `opt_state`) fits `opt`: its class, its parameter groups, the
-    shapes of its buffers."""
-    mine = _class_name(opt)
-    # checkpoints of before the class was kept: no class to compare
-    if saved_class is not None and saved_class != mine:
-        raise ValueError(f"it comes from the optimizer {saved_class}, and this learner's is {mine}")
-    if ('hypers' in saved) == hasattr(opt, 'load_state_dict'):
-        raise ValueError(
-            f"it holds {'no' if 'hypers' in saved else 'a'} state_dict, and this learner's "
-            f"optimizer, {mine}, "
-            f"{'has one' if 'hypers' in saved else 'keeps none'}"
-        )
-    groups = saved['hypers'] if 'hypers' in saved else saved['param_groups']
-    if len(groups) != len(opt.param_groups):
-        raise ValueError(
-            f"{len(groups)} parameter groups in the checkpoint, {len(opt.param_groups)} in the "
-            "optimizer"
-        )
-    if 'hypers' in saved:
-        return
-    param = {}
-    for i, (g, own) in enumerate(zip(groups, opt.param_groups)):
-        if len(g['params']) != len(own['params']):
-            raise ValueError(
-                f"group {i} has {len(g['params'])} parameters in the checkpoint, "
-                f"{len(own['params'])} in the optimizer"
-            )
-        param.update(zip(g['params'], own['params']))
-    for pid, st in saved['state'].items():
-        if pid not in param:
-            raise ValueError(f"state for parameter {pid}, which no group of the checkpoint holds")
-        for k, v in st.items():
-            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape != param[pid].shape:
-                raise ValueError(
-                    f"{k} of parameter {pid} is {tuple(v.shape)}, the parameter "
-                    f"{tuple(param[pid].shape)}"
-                )
-
-
-def _check_fits(learn: Learner, state: dict, path: Path) -> None:
-    """Raise CheckpointMismatch unless every piece of checkpoint `state` fits `learn`; changes
-    nothing."""
-    checks = {
-        'model': lambda: _check_model(learn.model, state['model']),
-        'optimizer': lambda: _check_opt(learn.opt, state['opt'], state.get('opt_class')),
-        'rng': lambda: _set_rng_state(state['rng'], spare=True),
-        'data': lambda: learn.data.check_state_dict(state['data']),
-        'callbacks': lambda: check_callback_states(learn.cbs, state['callbacks']),
-    }
-    for piece, check in checks.items():
-        try:
-            check()
-        except (ValueError, TypeError, RuntimeError, KeyError, IndexError, AttributeError) as e:
-            raise CheckpointMismatch(
-                path, piece, ' '.join(str(e).split()) or type(e).__name__
-            ) from None
-
-# %% ../nbs/10_learner.ipynb #3d073549
-class SaveModelCallback(TrackerCallback):
-    """Save a checkpoint to `path` after every epoch (`every='epoch'`), or when `monitor` improves
-    by > `min_delta` (`'improvement'`)."""
-
-    run_before = (EarlyStopping,)  # which may end training at the epoch we save
-
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        every: str = 'epoch',
-        monitor: str = 'valid_loss',
-        mode: str = 'auto',
-        min_delta: float = 0.0,
-    ):
-        if every not in ('epoch', 'improvement'):
-            raise ValueError(f"every must be 'epoch' or 'improvement', got {every!r}")
-        super().__init__(monitor, min_delta, mode)
-        self.path, self.every, self.last_saved, self.saved_epoch = Path(path), every, None, None
-
-    def begin_fit(self):
-        # the monitor's column must exist; saving every epoch needs none
-        if self.every == 'improvement':
-            super().begin_fit()
-
-    def after_epoch(self):
-        if self.every == 'improvement':
-            super().after_epoch()
-            if not self.new_best:
-                return
-        self.last_saved, self.saved_epoch = self.learn.save(self.path), self.epoch
+    return load_checkpoint(self, path)
 
 # %% ../nbs/10_learner.ipynb #62db2c45
 @exercise
