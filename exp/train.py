@@ -430,64 +430,39 @@ def _learner(cfg: TrainConfig) -> Learner:
 def make_parser() -> CommandLine:
     """The command line's options: each one given is a field of TrainConfig; one not given is absent
     (not its default)."""
+    d, yes_no = TrainConfig, argparse.BooleanOptionalAction
     p = CommandLine(
         program(),
         prog=run_command(),
         # so that --resume can tell the options given from the defaults
         argument_default=argparse.SUPPRESS,
         description="Train a model on MNIST-style digits; write metrics.csv, loss.png, lr.png, "
-        "model.pth "
-        "and config.json to a run folder.",
+        "model.pth and config.json to a run folder.",
     )
-    d = TrainConfig
-    p.add_argument(
-        '--data',
-        help="mnist5k (embedded, offline), mnist, fashion, or a folder of four IDX files "
-        f"(default: {d.data})",
-    )
+    sets = "mnist5k (embedded, offline), mnist, fashion, or a folder of four IDX files"
+    p.add_argument('--data', help=f"{sets} (default: {d.data})")
     p.add_argument('--arch', help=f"model: mlp, cnn or simple_cnn (default: {d.arch})")
     p.add_argument('--epochs', type=int, help=f"number of epochs (default: {d.epochs})")
     p.add_argument('--bs', type=int, help=f"batch size (default: {d.bs})")
+    lrs = ', '.join(f"{arch} {lr:g}" for arch, lr in DEFAULT_LRS.items())
     p.add_argument(
-        '--lr',
-        type=float,
-        help="learning rate, the peak of one-cycle (default: mlp 0.03, cnn 0.1, simple_cnn 0.3)",
+        '--lr', type=float, help=f"learning rate, the peak of one-cycle (default: {lrs})"
     )
-    p.add_argument(
-        '--lr-find',
-        action=argparse.BooleanOptionalAction,
-        help="pick the learning rate with the LR finder",
-    )
-    p.add_argument(
-        '--one-cycle',
-        action=argparse.BooleanOptionalAction,
-        help="one-cycle schedule of lr and momentum (the default); --no-one-cycle: constant lr",
-    )
-    p.add_argument(
-        '--fp16',
-        help="mixed precision: auto (on with a GPU, off on CPU), on, off or bf16 (default: "
-        f"{d.fp16})",
-    )
-    p.add_argument(
-        '--seed',
-        type=int,
-        help="random seed: the same seed on the same machine gives the same run (default: "
-        f"{d.seed})",
-    )
+    p.add_argument('--lr-find', action=yes_no, help="pick the learning rate with the LR finder")
+    cycle = "one-cycle schedule of lr and momentum (the default); --no-one-cycle: constant lr"
+    p.add_argument('--one-cycle', action=yes_no, help=cycle)
+    fp16 = "mixed precision: auto (on with a GPU, off on CPU), on, off or bf16"
+    p.add_argument('--fp16', help=f"{fp16} (default: {d.fp16})")
+    seed = "random seed: the same seed on the same machine gives the same run"
+    p.add_argument('--seed', type=int, help=f"{seed} (default: {d.seed})")
     p.add_argument('--out', help="run folder to create (default: runs/<timestamp>)")
-    p.add_argument(
-        '--dist-timeout',
-        type=float,
-        metavar='SECONDS',
-        help="under torchrun: how long a process waits for its peers, and for the rendezvous "
-        f"(default: {d.dist_timeout:g})",
+    wait = "under torchrun: how long a process waits for its peers, and for the rendezvous"
+    wait += f" (default: {d.dist_timeout:g})"
+    p.add_argument('--dist-timeout', type=float, metavar='SECONDS', help=wait)
+    resume = (
+        "continue an unfinished run (its folder, as the trainer named it), with the options it "
     )
-    p.add_argument(
-        '--resume',
-        metavar='RUN',
-        help="continue an unfinished run (its folder, as the trainer named it), "
-        "with the options it started with",
-    )
+    p.add_argument('--resume', metavar='RUN', help=resume + "started with")
     return p
 
 # %% ../nbs/A3b_train.ipynb #a3b00003
