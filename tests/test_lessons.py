@@ -23,7 +23,6 @@ CEILINGS = {
     '08a_hooks_init': (662, 60),
     '08b_batchnorm': (889, 60),
     '09_fp16': (857, 60),
-    '11_train': (1316, 254),
     '12_distributed': (552, 60),
 }
 LESSONS = [nb for nb in notebooks() if not is_appendix(nb)]

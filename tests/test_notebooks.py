@@ -10,7 +10,7 @@ Jupyter kernel with `jupyter nbconvert --to notebook --execute` and no flag that
 anything: every cell, slow and cuda ones included (on a machine without CUDA a cuda cell prints one
 line saying so), with the inline plot backend. It proves what nbdev's runner cannot: that the flags
 are not needed for Run All to get through. So with --slow every slow cell runs once, here, and not a
-second time under nbdev's runner: the slowest of them, 11_train's sixteen seeds, takes over a
+second time under nbdev's runner: the slowest of them, A3b_train's sixteen seeds, takes over a
 minute.
 """
 

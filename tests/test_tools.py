@@ -199,18 +199,18 @@ def test_site_notebooks_lose_their_directives():
     ft.test_eq(cells[2]['outputs'], [{'x': 1}])
 
 
-def test_site_appendix_table_names_planned_notebooks_without_links():
+def test_site_tables_hold_every_notebook_once_each_in_its_track():
     from tools import site
     from tools.notebooks import NBS
 
     nbs = [site.Notebook(p) for p in notebooks(NBS)]
-    table = site.appendix_table(nbs).splitlines()
-    for stem, module, _, _ in site.PLANNED_APPENDIX:
-        row = next(r for r in table if f' {stem} ' in r or f'nbs/{stem}.ipynb' in r)
-        assert (NBS / f'{stem}.ipynb').exists() or row.startswith(f'| {stem} |'), row
-        assert module in row, row
-    lessons = {nb.path.stem for nb in site.lessons(nbs)}
-    assert lessons and not lessons & site.TAKEN_OVER and not any(s.startswith('A') for s in lessons)
+    lessons, appendix = site.lessons(nbs), site.appendix(nbs)
+    assert lessons and appendix and len(lessons) + len(appendix) == len(nbs)
+    assert all(nb.path.stem[0].isdigit() for nb in lessons)
+    assert all(nb.path.stem.startswith('A') for nb in appendix)
+    index = site.index_page(nbs)
+    for nb in nbs:
+        assert index.count(f'(nbs/{nb.path.stem}.ipynb)') == 1, nb.path.stem
 
 
 def test_site_toc_has_the_guides_before_the_reference():

@@ -726,9 +726,9 @@ def test_a_failure_after_a_checkpoint_keeps_it_with_the_traceback(tmp_path):
 def test_a_run_stopped_after_its_last_epoch_is_finished_by_resuming(tmp_path, monkeypatch):
     """Stopped while it writes its plots: its epochs are all done, and --resume writes the rest,
     training nothing."""
-    import exp.train
+    import exp.runs
 
-    draw = exp.train._save_plot
+    draw = exp.runs.save_plot
 
     def stopped_at_the_loss_plot(plot, path):
         if path.name == 'loss.png':
@@ -736,7 +736,7 @@ def test_a_run_stopped_after_its_last_epoch_is_finished_by_resuming(tmp_path, mo
         draw(plot, path)
 
     with monkeypatch.context() as m:
-        m.setattr(exp.train, '_save_plot', stopped_at_the_loss_plot)
+        m.setattr(exp.runs, 'save_plot', stopped_at_the_loss_plot)
         trainer = Trainer(arch='mlp', epochs=2, out=tmp_path / 'run')
         with pytest.raises(KeyboardInterrupt) as info:
             trainer.fit()
@@ -769,14 +769,14 @@ def test_a_partial_folder_without_checkpoint_resumes_from_the_start(tmp_path):
 
 
 def test_two_trainers_in_the_same_second_get_their_own_folders(workdir, monkeypatch):
-    import exp.train
+    import exp.runs
 
-    class Frozen(exp.train.datetime):
+    class Frozen(exp.runs.datetime):
         @classmethod
         def now(cls, tz=None):
             return cls(2026, 12, 1, 10, 0, 0)
 
-    monkeypatch.setattr(exp.train, 'datetime', Frozen)
+    monkeypatch.setattr(exp.runs, 'datetime', Frozen)
     first, second = Trainer(arch='mlp', epochs=1), Trainer(arch='mlp', epochs=1)
     ft.test_eq(first.out, second.out)  # both checked the same free name
     # as first.fit() begins ...

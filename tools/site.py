@@ -28,7 +28,7 @@ import time
 from functools import cached_property
 from pathlib import Path
 
-from tools.notebooks import NBS, ROOT, is_appendix, notebook_key, notebooks
+from tools.notebooks import NBS, ROOT, is_appendix, notebooks
 
 DOCS = ROOT / 'docs'
 BENCH = ROOT / 'bench'
@@ -400,35 +400,14 @@ def toc(nbs: list[Notebook], modules: list[str]) -> str:
     return '\n'.join(lines) + '\n'
 
 
-# The engineering appendix as planned: notebook, module, what it builds, and the lesson notebook it
-# takes over. A row whose notebook is not in nbs/ yet shows as plain text; the notebook, once
-# there, shows as any other (title and summary, linked), and the lesson it takes over leaves the
-# lessons.
-PLANNED_APPENDIX = (
-    (
-        'A1_downloads',
-        'exp.download',
-        'checked IDX reading, the download cache, data integrity, the data command line',
-        None,
-    ),
-    ('A2_checkpoint', 'exp.checkpoint', 'the checkpoint format, integrity, exact resume', None),
-    ('A3_runs', 'exp.runs', 'run folders, claims, signals, resume', None),
-    ('A3b_train', 'exp.train', 'the command-line trainer', '11_train'),
-    ('A4_speed', 'exp.kernels', 'batch norm in C++, the compiled log_softmax', None),
-    ('A5_terminal', 'exp.terminal', 'progress bars in terminals and pipes', None),
-    ('A6_elastic', 'exp.elastic', 'distributed faults and elastic restarts', None),
-)
-TAKEN_OVER = {row[3] for row in PLANNED_APPENDIX if row[3]}
-
-
 def lessons(nbs: list[Notebook]) -> list[Notebook]:
-    "The lessons: every notebook but the appendix and a lesson the appendix takes over."
-    return [nb for nb in nbs if not is_appendix(nb.path) and nb.path.stem not in TAKEN_OVER]
+    "The lessons: every notebook but the appendix's."
+    return [nb for nb in nbs if not is_appendix(nb.path)]
 
 
 def appendix(nbs: list[Notebook]) -> list[Notebook]:
-    "The engineering appendix's notebooks in nbs/, with a lesson notebook it takes over."
-    return [nb for nb in nbs if is_appendix(nb.path) or nb.path.stem in TAKEN_OVER]
+    "The engineering appendix's notebooks (`A<n>_topic.ipynb`)."
+    return [nb for nb in nbs if is_appendix(nb.path)]
 
 
 def _row(nb: Notebook) -> str:
@@ -447,28 +426,11 @@ def notebook_table(nbs: list[Notebook]) -> str:
     return '\n'.join([*HEADER, *map(_row, nbs)])
 
 
-def appendix_table(nbs: list[Notebook]) -> str:
-    """The appendix's table: its notebooks in nbs/, linked, and the planned ones not there yet, as
-    plain text (naming the notebook that holds the work today, if one does)."""
-    present = {nb.path.stem: nb for nb in nbs}
-    rows = {nb.path.stem: _row(nb) for nb in nbs if is_appendix(nb.path)}
-    for stem, module, what, today in PLANNED_APPENDIX:
-        if stem not in present:
-            held = present.get(today)
-            rows[stem] = (
-                f"| {stem} | {what}"
-                + (f" (today in [{held.title}](nbs/{today}.ipynb))" if held else '')
-                + f" | `{module}` |"
-            )
-    order = sorted(rows, key=lambda stem: notebook_key(Path(f'{stem}.ipynb')))
-    return '\n'.join([*HEADER, *(rows[stem] for stem in order)])
-
-
 def index_page(nbs: list[Notebook]) -> str:
     "docs/index.md with its two tables filled in: the lessons, and the appendix."
     text = (DOCS / 'index.md').read_text(encoding='utf-8')
     text = text.replace('{{ lessons }}', notebook_table(lessons(nbs)))
-    return text.replace('{{ appendix }}', appendix_table(nbs))
+    return text.replace('{{ appendix }}', notebook_table(appendix(nbs)))
 
 
 DIRECTIVE_RE = re.compile(r'^#\|.*(\n|$)', re.M)
