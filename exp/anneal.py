@@ -14,7 +14,6 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .callbacks import Callback, Runner
-from .exercises import exercise, expect_number
 
 # matplotlib's Axes and Figure, named for the type hints only: matplotlib is imported when a plot is
 # drawn, not with this module, because it costs 0.4 s and training does not need it
@@ -22,7 +21,7 @@ _Axes = _Figure = Any
 
 # %% auto #0
 __all__ = ['Recorder', 'ParamScheduler', 'annealer', 'sched_no', 'sched_lin', 'sched_cos', 'sched_exp', 'combine_scheds',
-           'cos_1cycle_anneal', 'sched_1cycle', 'check_cos_anneal', 'check_one_cycle_lr']
+           'cos_1cycle_anneal', 'sched_1cycle']
 
 # %% ../nbs/05_anneal.ipynb #9afeaf9f
 def _check_count(name: str, value, minimum: int = 0) -> int:
@@ -376,103 +375,3 @@ def sched_1cycle(
     ]
     mom_sched = combine_scheds(phases, cos_1cycle_anneal(mom_start, mom_mid, mom_end))
     return [ParamScheduler('lr', lr_scheds), ParamScheduler(mom_pname, mom_sched, idx=mom_idx)]
-
-# %% ../nbs/05_anneal.ipynb #5f5d23d3
-def _check_cases(
-    answer: Callable,
-    name: str,
-    cases: list[tuple],
-    right: Callable,
-    mistakes: list[tuple[Callable, str]],
-    hint: str,
-) -> None:
-    """Raise ExerciseError at the first case where `answer(*case)` is not `right(*case)`, with a
-    known mistake's hint if it is one."""
-    for case in cases:
-        expect_number(
-            answer(*case),
-            right(*case),
-            f"{name}{case}",
-            [(wrong(*case), wrong_hint) for wrong, wrong_hint in mistakes],
-            hint,
-            abs_tol=1e-12,
-        )
-
-
-@exercise
-def check_cos_anneal(cos_anneal: Callable) -> None:
-    "Exercise 1: `cos_anneal(start, end, pos)` is `sched_cos(start, end)(pos)`."
-    _check_cases(
-        cos_anneal,
-        'cos_anneal',
-        [(1.0, 3.0, 0.0), (1.0, 3.0, 1.0), (1.0, 3.0, 0.5), (0.6, 0.2, 0.25), (0.1, 1e-3, 0.9)],
-        lambda start, end, pos: sched_cos(start, end)(pos),
-        [
-            (
-                lambda s, e, p: s + (1 - math.cos(math.pi * p)) * (e - s),
-                "that goes twice as far: 1 - cos(pi * pos) runs from 0 to 2, halve it",
-            ),
-            (
-                lambda s, e, p: s + p * (e - s),
-                "that is the linear schedule: the cosine one is flat at both ends",
-            ),
-            (
-                lambda s, e, p: e + (1 - math.cos(math.pi * p)) / 2 * (s - e),
-                "that runs from end to start: at pos 0 the value is start",
-            ),
-        ],
-        "start plus the share (1 - cos(pi * pos)) / 2 of the way from start to end",
-    )
-
-
-@exercise
-def check_one_cycle_lr(one_cycle_lr: Callable) -> None:
-    """Exercise 2: `one_cycle_lr(pos, lr, pct_start, div_start, div_end)` is the learning rate
-    `sched_1cycle` sets at `pos`."""
-
-    def right(pos, lr, pct=0.3, div_start=10.0, div_end=1e5):
-        return combine_scheds([pct, 1 - pct], cos_1cycle_anneal(lr / div_start, lr, lr / div_end))(
-            pos
-        )
-
-    # each phase's schedule fed the whole run's pos
-    def unscaled(pos, lr, pct=0.3, div_start=10.0, div_end=1e5):
-        return (sched_cos(lr / div_start, lr) if pos < pct else sched_cos(lr, lr / div_end))(pos)
-
-    def linear(pos, lr, pct=0.3, div_start=10.0, div_end=1e5):
-        return combine_scheds(
-            [pct, 1 - pct], [sched_lin(lr / div_start, lr), sched_lin(lr, lr / div_end)]
-        )(pos)
-
-    def to_zero(pos, lr, pct=0.3, div_start=10.0, div_end=1e5):
-        return combine_scheds([pct, 1 - pct], [sched_cos(lr / div_start, lr), sched_cos(lr, 0.0)])(
-            pos
-        )
-
-    cases = [
-        (0.0, 0.1),
-        (0.3, 0.1),
-        (0.15, 0.1),
-        (0.65, 0.1),
-        (1.0, 0.1),
-        (0.9, 0.1),
-        (0.25, 1.0, 0.5),
-        (0.8, 1.0, 0.5, 25.0, 1e4),
-    ]
-    _check_cases(
-        one_cycle_lr,
-        'one_cycle_lr',
-        cases,
-        right,
-        [
-            (
-                unscaled,
-                "within each phase its cosine runs over its own pos, from 0 to 1: (pos - the "
-                "phase's start) / its width",
-            ),
-            (linear, "that is linear in each phase: one-cycle's phases are cosines"),
-            (to_zero, "that ends at 0: the second phase ends at lr / div_end"),
-        ],
-        "a cosine from lr / div_start to lr for pos up to pct_start, then from lr to lr / div_end, "
-        "each over its phase's own pos from 0 to 1",
-    )

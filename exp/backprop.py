@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -15,8 +14,7 @@ from torch import Tensor, nn
 from .exercises import ExerciseError, exercise, expect_close
 
 # %% auto #0
-__all__ = ['LinearFunction', 'ReluFunction', 'Linear', 'Relu', 'check_sigmoid_backward', 'check_scale_backward',
-           'check_leaky_relu_function']
+__all__ = ['LinearFunction', 'ReluFunction', 'Linear', 'Relu']
 
 # %% ../nbs/02b_backprop.ipynb #f137cb4b
 class LinearFunction(torch.autograd.Function):
@@ -113,127 +111,3 @@ class Relu(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return ReluFunction.apply(x)
-
-# %% ../nbs/02b_backprop.ipynb #123382fc
-def _autograd_grad(f: Callable[[Tensor], Tensor], x: Tensor, out_g: Tensor) -> Tensor:
-    """The gradient with respect to `x` of a loss whose gradient with respect to `f(x)` is `out_g`,
-    by autograd."""
-    x = x.detach().clone().requires_grad_()
-    return torch.autograd.grad(f(x), x, out_g)[0]
-
-
-@exercise
-def check_sigmoid_backward(sigmoid_backward: Callable[[Tensor, Tensor], Tensor]) -> None:
-    """Exercise 1: `sigmoid_backward(inp, out_g)` is the gradient with respect to `inp`, given that
-    with respect to sigmoid(inp)."""
-    gen = torch.Generator().manual_seed(0)
-    inp, out_g = torch.randn(8, 5, generator=gen) * 3, torch.randn(8, 5, generator=gen)
-    s = torch.sigmoid(inp)
-    expect_close(
-        sigmoid_backward(inp.clone(), out_g.clone()),
-        _autograd_grad(torch.sigmoid, inp, out_g),
-        'sigmoid_backward(inp, out_g)',
-        mistakes=[
-            (
-                s * (1 - s),
-                "that is the derivative of sigmoid alone; the chain rule multiplies it by out_g",
-            ),
-            (
-                s * out_g,
-                "the derivative of sigmoid is sigmoid(x) * (1 - sigmoid(x)), not sigmoid(x)",
-            ),
-            (
-                inp * (1 - inp) * out_g,
-                "the derivative is sigmoid(x) * (1 - sigmoid(x)): compute s = torch.sigmoid(inp) "
-                "first",
-            ),
-        ],
-        hint="the gradient is out_g times the derivative of sigmoid at inp",
-    )
-
-
-@exercise
-def check_scale_backward(
-    scale_backward: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
-) -> None:
-    """Exercise 2: `scale_backward(inp, w, out_g)` is `(inp_g, w_g)` for out = inp * w, with one
-    weight per feature."""
-    gen = torch.Generator().manual_seed(1)
-    inp, w, out_g = (
-        torch.randn(16, 4, generator=gen),
-        torch.randn(4, generator=gen),
-        torch.randn(16, 4, generator=gen),
-    )
-    got = scale_backward(inp.clone(), w.clone(), out_g.clone())
-    if not (isinstance(got, tuple) and len(got) == 2):
-        raise ExerciseError("scale_backward should return a pair (inp_g, w_g)")
-    inp_g, w_g = got
-    expect_close(
-        inp_g,
-        _autograd_grad(lambda x: x * w, inp, out_g),
-        'inp_g',
-        mistakes=[
-            (
-                out_g,
-                "out = inp * w: each input's gradient is out_g times the weight it was multiplied "
-                "by",
-            )
-        ],
-    )
-    if isinstance(w_g, Tensor) and w_g.shape == inp.shape:
-        raise ExerciseError(
-            "w_g has one row per example: w is shared by every row, so add up the rows' shares "
-            "(sum over dim 0)"
-        )
-    expect_close(
-        w_g,
-        _autograd_grad(lambda v: inp * v, w, out_g),
-        'w_g',
-        mistakes=[
-            (
-                (inp * out_g).mean(0),
-                "sum over the batch, not the mean: each row adds its own share to w's gradient",
-            ),
-            (
-                out_g.sum(0),
-                "each row's share is out_g times the input that w multiplied: (inp * out_g), "
-                "summed over dim 0",
-            ),
-        ],
-    )
-
-
-@exercise
-def check_leaky_relu_function(function: type) -> None:
-    "Exercise 3: `function` is a torch.autograd.Function for leaky ReLU with slope 0.1 below zero."
-    if not (isinstance(function, type) and issubclass(function, torch.autograd.Function)):
-        raise ExerciseError(
-            f"the answer should be a subclass of torch.autograd.Function, got {function!r}"
-        )
-    gen = torch.Generator().manual_seed(2)
-    x, out_g = (
-        torch.randn(6, 7, dtype=torch.float64, generator=gen),
-        torch.randn(6, 7, dtype=torch.float64, generator=gen),
-    )
-    expect_close(
-        function.apply(x.clone()),
-        F.leaky_relu(x, 0.1),
-        'the output of forward',
-        mistakes=[(x.clamp_min(0), "that is ReLU: below zero, leaky ReLU gives 0.1 * x, not 0")],
-    )
-    expect_close(
-        _autograd_grad(function.apply, x, out_g),
-        _autograd_grad(lambda t: F.leaky_relu(t, 0.1), x, out_g),
-        'the gradient from backward',
-        mistakes=[
-            ((x > 0) * out_g, "below zero the gradient is 0.1 * out_g, not 0"),
-            (
-                torch.where(x > 0, 1.0, 0.1).double(),
-                "that is the derivative alone; multiply it by out_g (the chain rule)",
-            ),
-        ],
-    )
-    if not torch.autograd.gradcheck(
-        function.apply, (x.clone().requires_grad_(),), raise_exception=False
-    ):
-        raise ExerciseError("torch.autograd.gradcheck disagrees with your backward")

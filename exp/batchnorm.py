@@ -7,21 +7,19 @@ from __future__ import annotations
 
 import math
 from numbers import Integral, Real
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .exercises import ExerciseError, exercise, expect_close
 from .kernels import build_kernel, kernel_batch_norm, kernel_fits
 
 _all_ = ['build_kernel']
 
 # %% auto #0
-__all__ = ['BatchNorm1d', 'BatchNorm2d', 'LayerNorm', 'GroupNorm', 'RunningBatchNorm', 'check_instance_norm', 'check_fold_bn',
-           'check_running_var_after', 'build_kernel']
+__all__ = ['BatchNorm1d', 'BatchNorm2d', 'LayerNorm', 'GroupNorm', 'RunningBatchNorm', 'build_kernel']
 
 # %% ../nbs/08b_batchnorm.ipynb #2f6e9865
 def _check_positive_int(name: str, value) -> int:
@@ -421,113 +419,3 @@ class RunningBatchNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f'{self.num_features}, momentum={self.momentum}, eps={self.eps}'
-
-# %% ../nbs/08b_batchnorm.ipynb #fece4d95
-@exercise
-def check_instance_norm(instance_norm: Callable) -> None:
-    """Exercise 1: `instance_norm(x, eps)` normalises each sample's each channel over its own
-    positions."""
-    x = torch.randn(4, 3, 6, 5, generator=torch.Generator().manual_seed(0)) * 2 + 1
-    mean = x.mean((2, 3), keepdim=True)
-    expect_close(
-        instance_norm(x, eps=1e-5),
-        torch.nn.functional.instance_norm(x, eps=1e-5),
-        'instance_norm(x)',
-        mistakes=[
-            (
-                (x - mean) / (x.var((2, 3), keepdim=True) + 1e-5).sqrt(),
-                "normalise with the biased variance (unbiased=False)",
-            ),
-            (
-                (x - x.mean((1, 2, 3), keepdim=True))
-                / (x.var((1, 2, 3), keepdim=True, unbiased=False) + 1e-5).sqrt(),
-                "that is layer norm: one mean and variance per sample and channel, over dims (2, "
-                "3) only",
-            ),
-            (
-                (x - mean) / (x.var((2, 3), keepdim=True, unbiased=False).sqrt() + 1e-5),
-                "add eps to the variance, inside the square root",
-            ),
-        ],
-        eps=1e-4,
-    )
-
-
-@exercise
-def check_fold_bn(fold_bn: Callable) -> None:
-    """Exercise 2: `fold_bn(conv, bn)` is one convolution computing `bn(conv(x))` for `bn` in eval
-    mode."""
-    g = torch.Generator().manual_seed(0)
-    conv, bn = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
-    with torch.no_grad():
-        bn.running_mean.normal_(generator=g)
-        bn.running_var.uniform_(0.5, 2, generator=g)
-        bn.weight.uniform_(0.5, 1.5, generator=g)
-        bn.bias.normal_(generator=g)
-    bn.eval()
-    x = torch.randn(2, 3, 8, 8, generator=g)
-    with torch.no_grad():
-        want = bn(conv(x))
-        folded = fold_bn(conv, bn)
-        if not isinstance(folded, nn.Conv2d):
-            raise ExerciseError(f"fold_bn should return an nn.Conv2d, got {type(folded).__name__}")
-        scale = (bn.weight / (bn.running_var + bn.eps).sqrt()).view(1, -1, 1, 1)
-        conv_bias = conv.bias.view(1, -1, 1, 1)
-        expect_close(
-            folded(x),
-            want,
-            "the folded convolution's output",
-            mistakes=[
-                (
-                    want - bn.bias.view(1, -1, 1, 1),
-                    "batch norm's own bias is missing from the new bias",
-                ),
-                (
-                    conv(x) * scale + bn.bias.view(1, -1, 1, 1),
-                    "the running mean must come off: new bias = (bias - running_mean) * s + beta",
-                ),
-                (
-                    (conv(x) - conv_bias) * scale + conv_bias,
-                    "the convolution's bias goes through batch norm too: new bias = (bias - "
-                    "running_mean) * s + beta",
-                ),
-            ],
-            hint="in eval, bn(y) = y * s + t per channel with s = weight / sqrt(running_var + eps) "
-            "and t = bias - running_mean * s; "
-            "scale each output channel's weights by s, and fold the rest into the convolution's "
-            "bias",
-            eps=1e-4,
-        )
-
-
-@exercise
-def check_running_var_after(running_var_after: Callable) -> None:
-    """Exercise 3: `running_var_after(running_var, x, momentum)` is nn.BatchNorm2d's running
-    variance after one training batch."""
-    x = torch.randn(8, 3, 4, 4, generator=torch.Generator().manual_seed(0)) * 2
-    start = torch.tensor([1.0, 2.0, 0.5])
-    bn = nn.BatchNorm2d(3, momentum=0.2)
-    bn.running_var.copy_(start)
-    bn(x)
-    unbiased, biased = x.var((0, 2, 3)), x.var((0, 2, 3), unbiased=False)
-    expect_close(
-        running_var_after(start.clone(), x, 0.2),
-        bn.running_var,
-        'running_var_after(...)',
-        mistakes=[
-            (
-                0.8 * start + 0.2 * biased,
-                "the batch variance that goes in is the unbiased one (n / (n - 1) times the "
-                "biased, n = N*H*W)",
-            ),
-            (
-                0.2 * start + 0.8 * unbiased,
-                "momentum is the weight of the new value, 1 - momentum that of the old one",
-            ),
-            (
-                unbiased,
-                "the running variance moves only part of the way: (1 - momentum) * old + momentum "
-                "* new",
-            ),
-        ],
-    )

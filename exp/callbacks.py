@@ -19,15 +19,13 @@ import torch.nn.functional as F
 from fastcore.basics import listify
 from torch import nn
 
-from .exercises import ExerciseError, exercise, expect_number
 from .optimizers import SGD
 
 # %% auto #0
 __all__ = ['EVENTS', 'DataBunch', 'Learner', 'get_model', 'get_model_func', 'create_learner', 'CancelStepException',
            'CancelBatchException', 'CancelEpochException', 'CancelTrainException', 'camel2snake', 'Callback',
            'check_events', 'TrainEvalCallback', 'sort_callbacks', 'print_row', 'Runner', 'AvgStats', 'AvgStatsCallback',
-           'callback_states', 'check_callback_states', 'load_callback_states', 'NonFiniteError', 'check_n_events',
-           'check_cancelled_batch']
+           'callback_states', 'check_callback_states', 'load_callback_states', 'NonFiniteError']
 
 # %% ../nbs/04_callbacks.ipynb #a7d89a51
 def _dataset(dl, name: str):
@@ -795,105 +793,3 @@ def load_callback_states(cbs: Iterable[Callback], states: dict[str, dict]) -> No
 class NonFiniteError(ArithmeticError):
     """Training stopped: the loss or the gradients are no longer finite numbers (the message names
     the epoch and batch)."""
-
-# %% ../nbs/04_callbacks.ipynb #d3f79d38
-def _events_fired(
-    n_train: int, n_valid: int, epochs: int, cancel_at: str | None = None
-) -> list[str]:
-    """The events a Runner fires for a linear model on `n_train` and `n_valid` batches of 2;
-    `cancel_at`: the event that cancels the first batch."""
-
-    class _Log(Callback):
-        def __init__(self):
-            self.log = []
-
-    for e in EVENTS:
-        setattr(_Log, e, (lambda e: lambda self: self.log.append(e))(e))
-
-    class _Cancel(Callback):
-        _order = 1  # after the log, which then has the event that cancels
-
-        def __init__(self):
-            self.done = False
-
-    def cancel(self):
-        if not self.done:
-            self.done = True
-            raise CancelBatchException()
-
-    if cancel_at is not None:
-        setattr(_Cancel, cancel_at, cancel)
-    gen = torch.Generator().manual_seed(0)
-    batches = lambda n: [(torch.randn(2, 3, generator=gen), torch.tensor([0, 1])) for _ in range(n)]
-    log = _Log()
-    learn = Learner(DataBunch(batches(n_train), batches(n_valid), c=2), nn.Linear(3, 2), lr=0.1)
-    Runner(cbs=[log, _Cancel()]).fit(epochs, learn)
-    return log.log
-
-
-@exercise
-def check_n_events(n_events: Callable) -> None:
-    "Exercise 1: `n_events(n_train, n_valid, epochs)` is the number of events a fit fires."
-    mistakes = [
-        (
-            lambda t, v, e: e * (3 + 6 * t + 4 * v),
-            "begin_fit and after_fit come once per fit, on top of the epochs",
-        ),
-        (
-            lambda t, v, e: 2 + e * (3 + 6 * (t + v)),
-            "a validation batch has no backward and no step: 4 events, not 6",
-        ),
-        (
-            lambda t, v, e: 2 + e * (2 + 6 * t + 4 * v),
-            "each epoch has three events of its own: begin_epoch, begin_validate, after_epoch",
-        ),
-    ]
-    for case in [(2, 1, 1), (3, 2, 2), (1, 0, 3), (0, 0, 2), (5, 4, 1)]:
-        expect_number(
-            n_events(*case),
-            len(_events_fired(*case)),
-            f"n_events{case}",
-            [(wrong(*case), hint) for wrong, hint in mistakes],
-            integer=True,
-            hint="count the events of a training batch, of a validation batch and of an epoch, as "
-            "in the trace above",
-        )
-
-
-@exercise
-def check_cancelled_batch(cancelled_batch: Sequence[str]) -> None:
-    """Exercise 2: `cancelled_batch` is the list of events of a training batch cancelled in
-    `after_pred`."""
-    if not isinstance(cancelled_batch, (list, tuple)) or not all(
-        isinstance(e, str) for e in cancelled_batch
-    ):
-        raise ExerciseError(
-            f"cancelled_batch should be a list of event names (strs), got {cancelled_batch!r}"
-        )
-    events = _events_fired(2, 0, 1, cancel_at='after_pred')
-    start = events.index('begin_batch')
-    want = events[start : events.index('after_batch', start) + 1]
-    got = list(cancelled_batch)
-    if got == want:
-        return
-    unknown = [e for e in got if e not in EVENTS]
-    if unknown:
-        raise ExerciseError(f"{unknown[0]!r} is not an event; the events are: {', '.join(EVENTS)}")
-    if 'after_loss' in got:
-        raise ExerciseError(
-            "cancelling in after_pred skips the rest of the batch: no loss, no backward, no step"
-        )
-    if 'after_batch' not in got:
-        raise ExerciseError(
-            "after_batch runs for a cancelled batch too: the runner calls it after "
-            "after_cancel_batch"
-        )
-    if 'after_cancel_batch' not in got:
-        raise ExerciseError(
-            "the runner tells the callbacks that the batch was cancelled: after_cancel_batch"
-        )
-    raise ExerciseError(
-        f"{got} is not what the Runner fires. Hint: the events up to the one that raised, then the "
-        "runner's "
-        "answer to the cancellation, then the batch's end"
-    )

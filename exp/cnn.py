@@ -10,7 +10,6 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from .exercises import exercise, expect_number
 from .batchnorm import BatchNorm2d
 from .callbacks import Callback, DataBunch
 from .data import DownloadError, get_data, normalize
@@ -18,7 +17,7 @@ from .minibatch import Dataset, get_dls
 
 # %% auto #0
 __all__ = ['BatchTransformXCallback', 'view_tfm', 'Lambda', 'flatten', 'get_cnn_model', 'default_device', 'DeviceCallback',
-           'CudaCallback', 'conv_layer', 'simple_cnn', 'mnist_sample', 'check_conv_out_size', 'check_conv_params']
+           'CudaCallback', 'conv_layer', 'simple_cnn', 'mnist_sample']
 
 # %% ../nbs/08_cnn.ipynb #c87807b5
 class BatchTransformXCallback(Callback):
@@ -193,65 +192,3 @@ def mnist_sample(bs: int = 64, name: str = 'mnist', path=None) -> DataBunch:
         *get_dls(Dataset(normalize(xt, mean, std), yt), Dataset(normalize(xv, mean, std), yv), bs),
         c=2,
     )
-
-# %% ../nbs/08_cnn.ipynb #58501306
-@exercise
-def check_conv_out_size(conv_out_size: Callable) -> None:
-    """Exercise 1: `conv_out_size(n, ks, stride, padding)` is the size of a convolution's output for
-    an input of size `n`."""
-    for n, ks, stride, padding in [
-        (28, 5, 2, 2),
-        (14, 3, 2, 1),
-        (28, 3, 1, 0),
-        (7, 3, 2, 1),
-        (32, 4, 3, 1),
-    ]:
-        want = nn.Conv2d(1, 1, ks, stride=stride, padding=padding)(torch.zeros(1, 1, n, n)).shape[
-            -1
-        ]
-        expect_number(
-            conv_out_size(n, ks, stride, padding),
-            want,
-            f"conv_out_size({n}, {ks}, {stride}, {padding})",
-            [
-                (
-                    (n - ks) // stride + 1,
-                    "the padding adds `padding` cells on each side, 2 * padding in all",
-                ),
-                ((n + 2 * padding - ks) // stride, "count the first position too: + 1"),
-                (
-                    n // stride,
-                    "that is the stride alone: the kernel's size and the padding count too",
-                ),
-            ],
-            "the kernel's positions along n + 2 * padding cells, one every `stride` cells, the "
-            "first included: "
-            "(n + 2 * padding - ks) // stride + 1",
-            integer=True,
-        )
-
-
-@exercise
-def check_conv_params(conv_params: Callable) -> None:
-    """Exercise 2: `conv_params(ni, nf, ks)` is the number of parameters of nn.Conv2d(ni, nf, ks),
-    bias included."""
-    for ni, nf, ks in [(1, 8, 5), (8, 16, 3), (32, 32, 3), (3, 64, 7)]:
-        want = sum(p.numel() for p in nn.Conv2d(ni, nf, ks).parameters())
-        expect_number(
-            conv_params(ni, nf, ks),
-            want,
-            f"conv_params({ni}, {nf}, {ks})",
-            [
-                (ni * nf * ks * ks, "the bias is missing: one per output channel"),
-                (
-                    ni * nf * ks + nf,
-                    "a kernel is ks by ks: ks * ks weights per input and output channel",
-                ),
-                (
-                    nf * ks * ks + nf,
-                    "each output channel has a ks x ks kernel for every input channel",
-                ),
-            ],
-            "nf output channels, each with a ks x ks kernel over ni input channels, and one bias",
-            integer=True,
-        )

@@ -8,19 +8,15 @@ from __future__ import annotations
 import math
 import os
 import random
-from typing import Callable
 
 import numpy as np
 import torch
 
-from .exercises import ExerciseError, exercise, expect_close
-
 # %% auto #0
-__all__ = ['MAX_SEED', 'show_images', 'normalize', 'set_seed', 'get_data', 'main', 'check_idx_dims', 'check_normalize_valid',
-           'IDX_DTYPES', 'IDX_FILES', 'DATASETS', 'KNOWN_DATA', 'MNIST5K_SHA256', 'parse_idx', 'read_idx',
-           'atomic_write', 'write_idx', 'DownloadError', 'data_dir', 'sha256sum', 'download_file', 'remove_stale_parts',
-           'fetch_archive', 'fetch_dataset', 'load_idx_folder', 'summarize', 'python_command', 'cli_error',
-           'CommandLine']
+__all__ = ['MAX_SEED', 'show_images', 'normalize', 'set_seed', 'get_data', 'main', 'IDX_DTYPES', 'IDX_FILES', 'DATASETS',
+           'KNOWN_DATA', 'MNIST5K_SHA256', 'parse_idx', 'read_idx', 'atomic_write', 'write_idx', 'DownloadError',
+           'data_dir', 'sha256sum', 'download_file', 'remove_stale_parts', 'fetch_archive', 'fetch_dataset',
+           'load_idx_folder', 'summarize', 'python_command', 'cli_error', 'CommandLine']
 
 # %% ../nbs/01_data.ipynb #0932d7a7
 def show_images(
@@ -166,69 +162,3 @@ def main(argv: list[str] | None = None) -> None:
 # run as a command (a notebook's kernel is __main__ too, with no file)
 if __name__ == '__main__' and '__file__' in globals():
     main()
-
-# %% ../nbs/01_data.ipynb #262b5272
-def _idx_bytes(dims: list[int]) -> bytes:
-    "The bytes of a uint8 IDX file of zeros with dimensions `dims`."
-    return (
-        bytes([0, 0, 0x08, len(dims)])
-        + b''.join(d.to_bytes(4, 'big') for d in dims)
-        + bytes(math.prod(dims))
-    )
-
-
-@exercise
-def check_idx_dims(idx_dims: Callable[[bytes], list]) -> None:
-    """Exercise 1: `idx_dims(raw)` is the list of the dimensions in the header of the IDX bytes
-    `raw`."""
-    for dims in ([3, 300, 2], [1000], [2, 28, 28], [1, 2, 3, 260]):
-        raw = _idx_bytes(dims)
-        got = idx_dims(raw)
-        try:
-            got = [int(d) for d in got]
-        except (TypeError, ValueError):
-            raise ExerciseError(f"idx_dims should return a list of ints, got {got!r}") from None
-        if got == dims:
-            continue
-        what = f"for an IDX file of shape {dims}, idx_dims gave {got}"
-        if got == [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], 'little') for i in range(len(dims))]:
-            raise ExerciseError(
-                f"{what}: the dimensions are big-endian ('big'), most significant byte first"
-            )
-        if len(got) != len(dims):
-            raise ExerciseError(
-                f"{what}: byte 3 of the header is the number of dimensions; read that many"
-            )
-        raise ExerciseError(f"{what}. Hint: dimension i is the 4 bytes from offset 4 + 4 * i")
-
-
-@exercise
-def check_normalize_valid(
-    normalize_valid: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-) -> None:
-    """Exercise 2: `normalize_valid(x_train, x_valid)` is `x_valid` normalised with the training
-    set's mean and std."""
-    gen = torch.Generator().manual_seed(0)
-    x_train, x_valid = (
-        torch.rand(200, 12, generator=gen),
-        torch.rand(50, 12, generator=gen) * 0.8 + 0.1,
-    )
-    expect_close(
-        normalize_valid(x_train.clone(), x_valid.clone()),
-        normalize(x_valid, x_train.mean(), x_train.std()),
-        'normalize_valid(x_train, x_valid)',
-        mistakes=[
-            (
-                normalize(x_valid, x_valid.mean(), x_valid.std()),
-                "that uses the validation set's own statistics: use the training set's",
-            ),
-            (
-                x_valid - x_train.mean(),
-                "subtracting the mean is half of it: divide by the training set's std too",
-            ),
-            (
-                normalize(x_valid, x_train.mean(), x_train.var()),
-                "divide by the standard deviation, not the variance",
-            ),
-        ],
-    )

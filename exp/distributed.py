@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,6 @@ from .elastic import rank_lines, shutdown, torchrun_env
 from .elastic import NO_BUFFER_SYNC, GradientSync, collective, distributed_error
 from .elastic import ensure_group, process_device, sync_buffers, weighted_allreduce
 from .elastic import validate_launch, validate_shards, validate_share, validate_split
-from .exercises import ExerciseError, exercise, expect_close
 from .fp16 import MixedPrecision
 from .minibatch import DataLoader, Sampler
 from .progress import ProgressCallback
@@ -31,8 +30,8 @@ from .progress import ProgressCallback
 import exp.learner
 
 # %% auto #0
-__all__ = ['ShardedSampler', 'BatchShareSampler', 'DistributedCallback', 'check_rank_share', 'check_averaged_grad', 'ENV_VARS',
-           'DistributedError', 'broadcast_model', 'join_group', 'launch', 'rank_lines', 'shutdown', 'torchrun_env']
+__all__ = ['ShardedSampler', 'BatchShareSampler', 'DistributedCallback', 'ENV_VARS', 'DistributedError', 'broadcast_model',
+           'join_group', 'launch', 'rank_lines', 'shutdown', 'torchrun_env']
 
 # %% ../nbs/12_distributed.ipynb #c4e7a2b1
 # built in exp.elastic, and importable from here as before
@@ -303,71 +302,3 @@ def to_distributed(
         DistributedCallback(rank, world, device_ids=[local_rank] if device.type == 'cuda' else None)
     )
     return self
-
-# %% ../nbs/12_distributed.ipynb #66c2d748
-@exercise
-def check_rank_share(rank_share: Callable) -> None:
-    """Exercise 1: `rank_share(batch, rank, world_size)` is the list of samples process `rank` takes
-    of global batch `batch`."""
-    for batch, world in (
-        (list(range(10, 18)), 2),
-        ([5, 3, 9, 1, 7, 2, 8], 3),
-        (list(range(12)), 4),
-    ):
-        for rank in range(world):
-            what = f"rank_share({batch}, {rank}, {world})"
-            got = rank_share(list(batch), rank, world)
-            if isinstance(got, Tensor):
-                got = got.tolist()
-            if not isinstance(got, (list, tuple)):
-                raise ExerciseError(f"{what} should be a list, got {type(got).__name__}")
-            want = batch[rank::world]
-            if list(got) == want:
-                continue
-            n = len(batch)
-            if list(got) == batch[rank * n // world : (rank + 1) * n // world]:
-                raise ExerciseError(
-                    f"{what} is {list(got)}: a block of the batch; the learner takes every "
-                    f"{world}th sample, "
-                    "from position rank (so that an uneven last batch still splits)"
-                )
-            raise ExerciseError(
-                f"{what} is {list(got)}, should be {want}. Hint: positions rank, rank + "
-                "world_size, ..."
-            )
-
-
-@exercise
-def check_averaged_grad(averaged_grad: Callable) -> None:
-    """Exercise 2: `averaged_grad(grads, sizes)` is the gradient of the whole batch's mean loss from
-    the shares' gradients."""
-    gen = torch.Generator().manual_seed(0)
-    w, x, y = (
-        torch.randn(3, 4, generator=gen),
-        torch.randn(7, 4, generator=gen),
-        torch.randn(7, 3, generator=gen),
-    )
-
-    def grad_of_mean(rows):  # the gradient of the mean squared error over `rows`, by autograd
-        w_ = w.clone().requires_grad_()
-        ((x[rows] @ w_.T - y[rows]) ** 2).mean().backward()
-        return w_.grad
-
-    parts, sizes = [slice(0, 3), slice(3, 5), slice(5, 7)], [3, 2, 2]
-    grads = [grad_of_mean(p) for p in parts]
-    got = averaged_grad([g.clone() for g in grads], list(sizes))
-    weighted = sum(g * n for g, n in zip(grads, sizes))
-    expect_close(
-        got,
-        grad_of_mean(slice(0, 7)),
-        'averaged_grad(grads, sizes)',
-        mistakes=[
-            (
-                sum(grads) / len(grads),
-                "that is the plain mean: the shares differ in size, so weigh each gradient by its "
-                "share",
-            ),
-            (sum(grads), "that is the sum of the gradients: average them"),
-            (weighted, "divide the weighted sum by the number of samples in the batch"),
-        ],
-    )

@@ -9,14 +9,11 @@ import math
 import warnings
 from copy import deepcopy
 from numbers import Integral, Real
-from typing import Callable
 
-from .exercises import ExerciseError, exercise, expect_number
 from .callbacks import AvgStatsCallback, Callback, CancelEpochException, CancelTrainException
 
 # %% auto #0
-__all__ = ['LR_Find', 'opt_state', 'load_opt_state', 'LRFinder', 'TrackerCallback', 'EarlyStopping', 'check_lr_at',
-           'check_stopping_epoch']
+__all__ = ['LR_Find', 'opt_state', 'load_opt_state', 'LRFinder', 'TrackerCallback', 'EarlyStopping']
 
 # %% ../nbs/06_early_stopping.ipynb #2f891b88
 def _check_positive(name: str, value) -> float:
@@ -280,101 +277,3 @@ class EarlyStopping(TrackerCallback):
             raise ValueError(f"an EarlyStopping state holds 'wait', an int >= 0; got {state!r}")
         super().load_state_dict(state)
         self.wait = wait
-
-# %% ../nbs/06_early_stopping.ipynb #4bb220b1
-@exercise
-def check_lr_at(lr_at: Callable) -> None:
-    """Exercise 1: `lr_at(i, min_lr, max_lr, max_iter)` is the LR finder's learning rate at training
-    batch `i`."""
-    right = lambda i, lo, hi, n: lo * (hi / lo) ** (i / (n - 1))
-    mistakes = [
-        (
-            lambda i, lo, hi, n: lo + (hi - lo) * i / (n - 1),
-            "that grows linearly: the LR finder multiplies the lr by the same factor at every "
-            "batch",
-        ),
-        (
-            lambda i, lo, hi, n: lo * (hi / lo) ** (i / n),
-            "that reaches max_lr one batch too late: batch max_iter - 1 is the last, and its lr is "
-            "max_lr",
-        ),
-    ]
-    for case in [
-        (0, 1e-6, 10.0, 100),
-        (99, 1e-6, 10.0, 100),
-        (50, 1e-6, 10.0, 100),
-        (3, 1e-3, 1.0, 4),
-        (7, 0.01, 1.0, 21),
-    ]:
-        expect_number(
-            lr_at(*case),
-            right(*case),
-            f"lr_at{case}",
-            [(wrong(*case), hint) for wrong, hint in mistakes],
-            hint="min_lr times (max_lr / min_lr) to the power of the share of the way done, i / "
-            "(max_iter - 1)",
-        )
-
-
-def _stopping_epoch(
-    losses: list, patience: int, better=lambda a, b: a < b, since_best: bool = True, extra: int = 0
-) -> int | None:
-    """Where early stopping stops for these losses (None: never); the arguments make the mistakes
-    the check knows."""
-    best, wait = math.inf, 0
-    for epoch, loss in enumerate(losses):
-        if better(loss, best):
-            best, wait = loss, 0
-        else:
-            wait += 1
-        if not since_best:
-            best = loss
-        if wait >= patience + extra:
-            return epoch
-    return None
-
-
-@exercise
-def check_stopping_epoch(stopping_epoch: Callable) -> None:
-    """Exercise 2: `stopping_epoch(losses, patience)` is the epoch after which early stopping on
-    them stops, or None."""
-    cases = [
-        ([1.0, 0.9, 0.8, 0.85, 0.83, 0.9], 2),
-        ([1.0, 0.9, 0.8, 0.7], 1),
-        ([0.5, 0.6, 0.4, 0.45, 0.41, 0.39, 0.5], 2),
-        ([0.5, 0.5, 0.5], 2),
-        ([0.3, 0.4], 3),
-        ([0.7, 0.6, 0.65, 0.66, 0.64, 0.67, 0.68], 3),
-    ]
-    got = [stopping_epoch(list(losses), patience) for losses, patience in cases]
-    want = [_stopping_epoch(losses, patience) for losses, patience in cases]
-    if got == want:
-        return
-    mistakes = [
-        (
-            dict(since_best=False),
-            "compare each loss with the best so far, not with the epoch before",
-        ),
-        (
-            dict(extra=1),
-            "that waits one epoch too many: stop once `patience` epochs in a row brought no new "
-            "best",
-        ),
-        (
-            dict(better=lambda a, b: a <= b),
-            "a loss equal to the best is not an improvement: it must be lower",
-        ),
-    ]
-    for kwargs, hint in mistakes:
-        if got == [_stopping_epoch(losses, patience, **kwargs) for losses, patience in cases]:
-            raise ExerciseError(hint)
-    if got == [None if w is None else w + 1 for w in want]:
-        raise ExerciseError("count the epochs from 0")
-    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
-    losses, patience = cases[i]
-    raise ExerciseError(
-        f"stopping_epoch({losses}, {patience}) is {got[i]!r}, should be {want[i]!r}. Hint: keep "
-        "the best "
-        "loss so far and count the epochs since it; stop in the epoch where that count reaches "
-        "patience"
-    )

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['ExerciseError', 'exercise', 'expect_close', 'expect_number', 'check_relu', 'check_mse', 'check_one_hot']
+__all__ = ['ExerciseError', 'exercise', 'expect_close', 'expect_number', 'check_relu', 'check_mse', 'check_one_hot', 'check_idx_dims', 'check_normalize_valid', 'check_logsumexp_rows', 'check_nll_by_hand', 'check_sigmoid_backward', 'check_scale_backward', 'check_leaky_relu_function', 'check_n_batches', 'check_epoch_loss', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step', 'check_n_events', 'check_cancelled_batch', 'check_cos_anneal', 'check_one_cycle_lr', 'check_lr_at', 'check_stopping_epoch', 'check_eta', 'check_redrawn_line', 'check_conv_out_size', 'check_conv_params', 'check_he_std', 'check_zero_fraction', 'check_fan_in', 'check_instance_norm', 'check_fold_bn', 'check_running_var_after', 'check_next_scale', 'check_smallest_scale', 'check_resume_start', 'check_suggest_lr', 'check_rank_share', 'check_averaged_grad', 'check_cycle_lrs', 'check_partial_folder']
 
 # %% ../nbs/00_exercises.ipynb #4ac8ecb2
 class ExerciseError(AssertionError):
@@ -168,3 +168,1414 @@ def check_one_hot(one_hot: Callable[[Tensor, int], Tensor]) -> None:
             "(n, c)"
         )
     expect_close(got, want, 'one_hot(y, 4)', hint="row i is all zeros except a 1 in column y[i]")
+
+# %% ../nbs/A7_exercise_checks.ipynb #983b2714
+import math
+import torch
+from .data import normalize
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #e6118877
+def _idx_bytes(dims: list[int]) -> bytes:
+    "The bytes of a uint8 IDX file of zeros with dimensions `dims`."
+    return (
+        bytes([0, 0, 0x08, len(dims)])
+        + b''.join(d.to_bytes(4, 'big') for d in dims)
+        + bytes(math.prod(dims))
+    )
+
+
+@exercise
+def check_idx_dims(idx_dims: Callable[[bytes], list]) -> None:
+    """Exercise 1: `idx_dims(raw)` is the list of the dimensions in the header of the IDX bytes
+    `raw`."""
+    for dims in ([3, 300, 2], [1000], [2, 28, 28], [1, 2, 3, 260]):
+        raw = _idx_bytes(dims)
+        got = idx_dims(raw)
+        try:
+            got = [int(d) for d in got]
+        except (TypeError, ValueError):
+            raise ExerciseError(f"idx_dims should return a list of ints, got {got!r}") from None
+        if got == dims:
+            continue
+        what = f"for an IDX file of shape {dims}, idx_dims gave {got}"
+        if got == [int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], 'little') for i in range(len(dims))]:
+            raise ExerciseError(
+                f"{what}: the dimensions are big-endian ('big'), most significant byte first"
+            )
+        if len(got) != len(dims):
+            raise ExerciseError(
+                f"{what}: byte 3 of the header is the number of dimensions; read that many"
+            )
+        raise ExerciseError(f"{what}. Hint: dimension i is the 4 bytes from offset 4 + 4 * i")
+
+
+@exercise
+def check_normalize_valid(
+    normalize_valid: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> None:
+    """Exercise 2: `normalize_valid(x_train, x_valid)` is `x_valid` normalised with the training
+    set's mean and std."""
+    gen = torch.Generator().manual_seed(0)
+    x_train, x_valid = (
+        torch.rand(200, 12, generator=gen),
+        torch.rand(50, 12, generator=gen) * 0.8 + 0.1,
+    )
+    expect_close(
+        normalize_valid(x_train.clone(), x_valid.clone()),
+        normalize(x_valid, x_train.mean(), x_train.std()),
+        'normalize_valid(x_train, x_valid)',
+        mistakes=[
+            (
+                normalize(x_valid, x_valid.mean(), x_valid.std()),
+                "that uses the validation set's own statistics: use the training set's",
+            ),
+            (
+                x_valid - x_train.mean(),
+                "subtracting the mean is half of it: divide by the training set's std too",
+            ),
+            (
+                normalize(x_valid, x_train.mean(), x_train.var()),
+                "divide by the standard deviation, not the variance",
+            ),
+        ],
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #80a09f9f
+import torch
+from torch import Tensor
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #85baa32e
+@exercise
+def check_logsumexp_rows(logsumexp_rows: Callable[[Tensor], Tensor]) -> None:
+    "Exercise 1: `logsumexp_rows(x)` is the stable LogSumExp of each row of a 2-d `x`."
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat(
+        [
+            torch.randn(3, 5, generator=gen),
+            torch.randn(2, 5, generator=gen) + 1000,
+            torch.randn(2, 5, generator=gen) - 1000,
+        ]
+    )
+    got = logsumexp_rows(x.clone())
+    if isinstance(got, Tensor) and not got.isfinite().all():
+        raise ExerciseError(
+            "logsumexp_rows(x) is not finite on rows near 1000 or -1000: exp overflowed or "
+            "underflowed. "
+            "Subtract each row's max before exp, and add it back after the log"
+        )
+    m = x.amax(-1, keepdim=True)
+    expect_close(
+        got,
+        torch.logsumexp(x, -1),
+        'logsumexp_rows(x)',
+        eps=1e-4,
+        mistakes=[
+            (
+                (x - m).exp().sum(-1).log(),
+                "the row's max was subtracted but not added back after the log",
+            )
+        ],
+        hint="m = x.amax(-1, keepdim=True); m + log(sum(exp(x - m))), per row",
+    )
+
+
+@exercise
+def check_nll_by_hand(nll_by_hand: Callable[[Tensor, Tensor], Tensor]) -> None:
+    "Exercise 2: `nll_by_hand(log_probs, target)` is the mean of -log_probs[i, target[i]]."
+    gen = torch.Generator().manual_seed(0)
+    log_probs = torch.randn(6, 4, generator=gen).log_softmax(-1)
+    target = torch.tensor([3, 0, 1, 3, 2, 1])
+    picked = log_probs[torch.arange(6), target]
+    expect_close(
+        nll_by_hand(log_probs.clone(), target.clone()),
+        torch.nn.functional.nll_loss(log_probs, target),
+        'nll_by_hand(log_probs, target)',
+        mistakes=[
+            (
+                picked.mean(),
+                "the sign: the loss is minus the log-probability, so that it is small when the "
+                "model is right",
+            ),
+            (-picked.sum(), "that is the sum over the rows: take the mean"),
+            (
+                -log_probs[:, target].mean(),
+                "log_probs[:, target] picks every label's column for every row; pick one per row: "
+                "log_probs[torch.arange(len(target)), target]",
+            ),
+        ],
+        hint="index each row i at column target[i], then take minus the mean",
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #0a51865d
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #dba1f976
+def _autograd_grad(f: Callable[[Tensor], Tensor], x: Tensor, out_g: Tensor) -> Tensor:
+    """The gradient with respect to `x` of a loss whose gradient with respect to `f(x)` is `out_g`,
+    by autograd."""
+    x = x.detach().clone().requires_grad_()
+    return torch.autograd.grad(f(x), x, out_g)[0]
+
+
+@exercise
+def check_sigmoid_backward(sigmoid_backward: Callable[[Tensor, Tensor], Tensor]) -> None:
+    """Exercise 1: `sigmoid_backward(inp, out_g)` is the gradient with respect to `inp`, given that
+    with respect to sigmoid(inp)."""
+    gen = torch.Generator().manual_seed(0)
+    inp, out_g = torch.randn(8, 5, generator=gen) * 3, torch.randn(8, 5, generator=gen)
+    s = torch.sigmoid(inp)
+    expect_close(
+        sigmoid_backward(inp.clone(), out_g.clone()),
+        _autograd_grad(torch.sigmoid, inp, out_g),
+        'sigmoid_backward(inp, out_g)',
+        mistakes=[
+            (
+                s * (1 - s),
+                "that is the derivative of sigmoid alone; the chain rule multiplies it by out_g",
+            ),
+            (
+                s * out_g,
+                "the derivative of sigmoid is sigmoid(x) * (1 - sigmoid(x)), not sigmoid(x)",
+            ),
+            (
+                inp * (1 - inp) * out_g,
+                "the derivative is sigmoid(x) * (1 - sigmoid(x)): compute s = torch.sigmoid(inp) "
+                "first",
+            ),
+        ],
+        hint="the gradient is out_g times the derivative of sigmoid at inp",
+    )
+
+
+@exercise
+def check_scale_backward(
+    scale_backward: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]],
+) -> None:
+    """Exercise 2: `scale_backward(inp, w, out_g)` is `(inp_g, w_g)` for out = inp * w, with one
+    weight per feature."""
+    gen = torch.Generator().manual_seed(1)
+    inp, w, out_g = (
+        torch.randn(16, 4, generator=gen),
+        torch.randn(4, generator=gen),
+        torch.randn(16, 4, generator=gen),
+    )
+    got = scale_backward(inp.clone(), w.clone(), out_g.clone())
+    if not (isinstance(got, tuple) and len(got) == 2):
+        raise ExerciseError("scale_backward should return a pair (inp_g, w_g)")
+    inp_g, w_g = got
+    expect_close(
+        inp_g,
+        _autograd_grad(lambda x: x * w, inp, out_g),
+        'inp_g',
+        mistakes=[
+            (
+                out_g,
+                "out = inp * w: each input's gradient is out_g times the weight it was multiplied "
+                "by",
+            )
+        ],
+    )
+    if isinstance(w_g, Tensor) and w_g.shape == inp.shape:
+        raise ExerciseError(
+            "w_g has one row per example: w is shared by every row, so add up the rows' shares "
+            "(sum over dim 0)"
+        )
+    expect_close(
+        w_g,
+        _autograd_grad(lambda v: inp * v, w, out_g),
+        'w_g',
+        mistakes=[
+            (
+                (inp * out_g).mean(0),
+                "sum over the batch, not the mean: each row adds its own share to w's gradient",
+            ),
+            (
+                out_g.sum(0),
+                "each row's share is out_g times the input that w multiplied: (inp * out_g), "
+                "summed over dim 0",
+            ),
+        ],
+    )
+
+
+@exercise
+def check_leaky_relu_function(function: type) -> None:
+    "Exercise 3: `function` is a torch.autograd.Function for leaky ReLU with slope 0.1 below zero."
+    if not (isinstance(function, type) and issubclass(function, torch.autograd.Function)):
+        raise ExerciseError(
+            f"the answer should be a subclass of torch.autograd.Function, got {function!r}"
+        )
+    gen = torch.Generator().manual_seed(2)
+    x, out_g = (
+        torch.randn(6, 7, dtype=torch.float64, generator=gen),
+        torch.randn(6, 7, dtype=torch.float64, generator=gen),
+    )
+    expect_close(
+        function.apply(x.clone()),
+        F.leaky_relu(x, 0.1),
+        'the output of forward',
+        mistakes=[(x.clamp_min(0), "that is ReLU: below zero, leaky ReLU gives 0.1 * x, not 0")],
+    )
+    expect_close(
+        _autograd_grad(function.apply, x, out_g),
+        _autograd_grad(lambda t: F.leaky_relu(t, 0.1), x, out_g),
+        'the gradient from backward',
+        mistakes=[
+            ((x > 0) * out_g, "below zero the gradient is 0.1 * out_g, not 0"),
+            (
+                torch.where(x > 0, 1.0, 0.1).double(),
+                "that is the derivative alone; multiply it by out_g (the chain rule)",
+            ),
+        ],
+    )
+    if not torch.autograd.gradcheck(
+        function.apply, (x.clone().requires_grad_(),), raise_exception=False
+    ):
+        raise ExerciseError("torch.autograd.gradcheck disagrees with your backward")
+
+# %% ../nbs/A7_exercise_checks.ipynb #d00eb80c
+import torch
+from torch.utils.data.sampler import BatchSampler, SequentialSampler
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #a32a9c04
+@exercise
+def check_n_batches(n_batches: Callable) -> None:
+    "Exercise 1: `n_batches(n, bs, drop_last)` is the number of batches of `bs` out of `n` items."
+    for n, bs, drop_last in [
+        (1000, 128, False),
+        (1000, 128, True),
+        (4000, 64, False),
+        (10, 3, True),
+        (10, 3, False),
+        (5, 8, True),
+    ]:
+        want = len(BatchSampler(SequentialSampler(range(n)), bs, drop_last))
+        mistake = (
+            (-(-n // bs), "drop_last drops the last, smaller batch")
+            if drop_last
+            else (n // bs, "without drop_last the last, smaller batch counts too")
+        )
+        expect_number(
+            n_batches(n, bs, drop_last),
+            want,
+            f"n_batches({n}, {bs}, {drop_last})",
+            [mistake],
+            integer=True,
+            hint="n // bs full batches, plus one if some items are left over and drop_last is "
+            "False",
+        )
+
+
+@exercise
+def check_epoch_loss(epoch_loss: Callable) -> None:
+    """Exercise 2: `epoch_loss(losses, sizes)` is the mean loss over all the items of batches of
+    `sizes` with mean losses `losses`."""
+    gen = torch.Generator().manual_seed(3)
+    per_item = torch.rand(1000, generator=gen, dtype=torch.float64) * 2
+    sizes = torch.tensor([128] * 7 + [104])
+    losses = torch.stack([chunk.mean() for chunk in per_item.split(sizes.tolist())])
+    got = epoch_loss(losses.clone(), sizes.clone())
+    if isinstance(got, (int, float)) and not isinstance(got, bool):
+        got = torch.tensor(float(got), dtype=torch.float64)
+    expect_close(
+        got,
+        per_item.mean(),
+        'epoch_loss(losses, sizes)',
+        mistakes=[
+            (
+                losses.mean(),
+                "that is the mean of the batches' means: the last batch holds 104 items, not 128, "
+                "yet counts as much as the others",
+            ),
+            (
+                (losses * sizes).sum(),
+                "that is the sum of the items' losses: divide it by the number of items",
+            ),
+        ],
+        hint="weight each batch's mean loss by its size, add up, and divide by the number of items",
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #11b1da70
+import math
+import torch
+from torch import Tensor
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #5cd38b4a
+# a value worked out by hand: rounded, so right within 1e-4 and a known mistake within 1%; the right
+# value is not shown
+_BY_HAND = dict(rel_tol=1e-4, mistake_tol=1e-2, reveal=False)
+
+
+@exercise
+def check_ewma_after_three(value) -> None:
+    "Exercise 1: the EWMA (beta 0.9, from 0) of three 1.0s."
+    expect_number(
+        value,
+        1 - 0.9**3,
+        'ewma_after_three',
+        **_BY_HAND,
+        mistakes=[
+            (
+                0.9**3,
+                "that is the weight still on the starting 0; the weights on the three 1.0s add up "
+                "to the rest",
+            ),
+            (
+                0.1,
+                "that is the average after one step; each step adds (1 - beta) times the new value "
+                "to beta times the old average",
+            ),
+            (0.3, "the weights are not equal: (1 - beta) * beta**k on the value k steps back"),
+        ],
+        hint="compute it step by step: avg = 0.9 * avg + 0.1 * 1.0, three times from avg = 0",
+    )
+
+
+@exercise
+def check_rmsprop_step(rmsprop_step: Callable) -> None:
+    """Exercise 2: `rmsprop_step(p, grad, square_avg, lr, alpha, eps)` is one step of
+    torch.optim.RMSprop, in place."""
+    gen = torch.Generator().manual_seed(0)
+    start = torch.randn(6, generator=gen)
+    grads = [torch.randn(6, generator=gen) * 0.1 for _ in range(20)]
+    ref = start.clone().requires_grad_()
+    ref_opt = torch.optim.RMSprop([ref], lr=0.01, alpha=0.99, eps=1e-8, foreach=False)
+    p, square_avg = start.clone(), torch.zeros(6)
+    for i, g in enumerate(grads):
+        ref.grad = g.clone()
+        ref_opt.step()
+        result = rmsprop_step(p, g.clone(), square_avg, lr=0.01, alpha=0.99, eps=1e-8)
+        if (
+            result is not None
+            and result is not p
+            and isinstance(result, Tensor)
+            and not torch.equal(result, p)
+        ):
+            raise ExerciseError(
+                "rmsprop_step must update p in place (p.addcdiv_, or p -= ...), not return a new "
+                "tensor"
+            )
+        if i == 0:
+            expect_close(
+                square_avg,
+                ref_opt.state[ref]['square_avg'],
+                'square_avg after the first step',
+                mistakes=[
+                    (
+                        g * g,
+                        "square_avg starts at 0 and is an EWMA: alpha * square_avg + (1 - alpha) * "
+                        "grad**2",
+                    ),
+                    (g.abs() * 0.01, "the average is of the squared gradients, grad**2"),
+                ],
+            )
+    expect_close(
+        p,
+        ref.detach(),
+        'p after 20 steps',
+        hint="after updating square_avg, step p by -lr * grad / (square_avg.sqrt() + eps): eps "
+        "outside the root",
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #d3d79b1b
+@exercise
+def check_adam_first_step(value) -> None:
+    "Exercise 3: how much Adam (lr 0.01) moves a weight whose first gradient is 0.001."
+    lr, g, eps = 0.01, 1e-3, 1e-8
+    expect_number(
+        value,
+        -lr * g / (abs(g) + eps),
+        'adam_first_step',
+        **_BY_HAND,
+        mistakes=[
+            (lr * g / (abs(g) + eps), "Adam steps against the gradient: the change is negative"),
+            (
+                -lr * g,
+                "that is SGD's step; Adam divides by the root of the (debiased) average of g**2",
+            ),
+            (
+                -lr * 0.1 * g / (math.sqrt(0.001) * abs(g) + eps),
+                "that is without bias correction: divide m by 1 - 0.9 and v by 1 - 0.999 first",
+            ),
+        ],
+        hint="after one step m = 0.1 * g and v = 0.001 * g**2; debias both, then step by -lr * "
+        "m_hat / (sqrt(v_hat) + eps)",
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #2d97df55
+import torch
+import torch.nn as nn
+from .callbacks import Callback, CancelBatchException, DataBunch, EVENTS, Learner, Runner
+from typing import Callable, Sequence
+
+# %% ../nbs/A7_exercise_checks.ipynb #4f53a21f
+def _events_fired(
+    n_train: int, n_valid: int, epochs: int, cancel_at: str | None = None
+) -> list[str]:
+    """The events a Runner fires for a linear model on `n_train` and `n_valid` batches of 2;
+    `cancel_at`: the event that cancels the first batch."""
+
+    class _Log(Callback):
+        def __init__(self):
+            self.log = []
+
+    for e in EVENTS:
+        setattr(_Log, e, (lambda e: lambda self: self.log.append(e))(e))
+
+    class _Cancel(Callback):
+        _order = 1  # after the log, which then has the event that cancels
+
+        def __init__(self):
+            self.done = False
+
+    def cancel(self):
+        if not self.done:
+            self.done = True
+            raise CancelBatchException()
+
+    if cancel_at is not None:
+        setattr(_Cancel, cancel_at, cancel)
+    gen = torch.Generator().manual_seed(0)
+    batches = lambda n: [(torch.randn(2, 3, generator=gen), torch.tensor([0, 1])) for _ in range(n)]
+    log = _Log()
+    learn = Learner(DataBunch(batches(n_train), batches(n_valid), c=2), nn.Linear(3, 2), lr=0.1)
+    Runner(cbs=[log, _Cancel()]).fit(epochs, learn)
+    return log.log
+
+
+@exercise
+def check_n_events(n_events: Callable) -> None:
+    "Exercise 1: `n_events(n_train, n_valid, epochs)` is the number of events a fit fires."
+    mistakes = [
+        (
+            lambda t, v, e: e * (3 + 6 * t + 4 * v),
+            "begin_fit and after_fit come once per fit, on top of the epochs",
+        ),
+        (
+            lambda t, v, e: 2 + e * (3 + 6 * (t + v)),
+            "a validation batch has no backward and no step: 4 events, not 6",
+        ),
+        (
+            lambda t, v, e: 2 + e * (2 + 6 * t + 4 * v),
+            "each epoch has three events of its own: begin_epoch, begin_validate, after_epoch",
+        ),
+    ]
+    for case in [(2, 1, 1), (3, 2, 2), (1, 0, 3), (0, 0, 2), (5, 4, 1)]:
+        expect_number(
+            n_events(*case),
+            len(_events_fired(*case)),
+            f"n_events{case}",
+            [(wrong(*case), hint) for wrong, hint in mistakes],
+            integer=True,
+            hint="count the events of a training batch, of a validation batch and of an epoch, as "
+            "in the trace above",
+        )
+
+
+@exercise
+def check_cancelled_batch(cancelled_batch: Sequence[str]) -> None:
+    """Exercise 2: `cancelled_batch` is the list of events of a training batch cancelled in
+    `after_pred`."""
+    if not isinstance(cancelled_batch, (list, tuple)) or not all(
+        isinstance(e, str) for e in cancelled_batch
+    ):
+        raise ExerciseError(
+            f"cancelled_batch should be a list of event names (strs), got {cancelled_batch!r}"
+        )
+    events = _events_fired(2, 0, 1, cancel_at='after_pred')
+    start = events.index('begin_batch')
+    want = events[start : events.index('after_batch', start) + 1]
+    got = list(cancelled_batch)
+    if got == want:
+        return
+    unknown = [e for e in got if e not in EVENTS]
+    if unknown:
+        raise ExerciseError(f"{unknown[0]!r} is not an event; the events are: {', '.join(EVENTS)}")
+    if 'after_loss' in got:
+        raise ExerciseError(
+            "cancelling in after_pred skips the rest of the batch: no loss, no backward, no step"
+        )
+    if 'after_batch' not in got:
+        raise ExerciseError(
+            "after_batch runs for a cancelled batch too: the runner calls it after "
+            "after_cancel_batch"
+        )
+    if 'after_cancel_batch' not in got:
+        raise ExerciseError(
+            "the runner tells the callbacks that the batch was cancelled: after_cancel_batch"
+        )
+    raise ExerciseError(
+        f"{got} is not what the Runner fires. Hint: the events up to the one that raised, then the "
+        "runner's "
+        "answer to the cancellation, then the batch's end"
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #c3a9515d
+import math
+from .anneal import combine_scheds, cos_1cycle_anneal, sched_cos, sched_lin
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #bff66ae4
+def _check_cases(
+    answer: Callable,
+    name: str,
+    cases: list[tuple],
+    right: Callable,
+    mistakes: list[tuple[Callable, str]],
+    hint: str,
+) -> None:
+    """Raise ExerciseError at the first case where `answer(*case)` is not `right(*case)`, with a
+    known mistake's hint if it is one."""
+    for case in cases:
+        expect_number(
+            answer(*case),
+            right(*case),
+            f"{name}{case}",
+            [(wrong(*case), wrong_hint) for wrong, wrong_hint in mistakes],
+            hint,
+            abs_tol=1e-12,
+        )
+
+
+@exercise
+def check_cos_anneal(cos_anneal: Callable) -> None:
+    "Exercise 1: `cos_anneal(start, end, pos)` is `sched_cos(start, end)(pos)`."
+    _check_cases(
+        cos_anneal,
+        'cos_anneal',
+        [(1.0, 3.0, 0.0), (1.0, 3.0, 1.0), (1.0, 3.0, 0.5), (0.6, 0.2, 0.25), (0.1, 1e-3, 0.9)],
+        lambda start, end, pos: sched_cos(start, end)(pos),
+        [
+            (
+                lambda s, e, p: s + (1 - math.cos(math.pi * p)) * (e - s),
+                "that goes twice as far: 1 - cos(pi * pos) runs from 0 to 2, halve it",
+            ),
+            (
+                lambda s, e, p: s + p * (e - s),
+                "that is the linear schedule: the cosine one is flat at both ends",
+            ),
+            (
+                lambda s, e, p: e + (1 - math.cos(math.pi * p)) / 2 * (s - e),
+                "that runs from end to start: at pos 0 the value is start",
+            ),
+        ],
+        "start plus the share (1 - cos(pi * pos)) / 2 of the way from start to end",
+    )
+
+
+@exercise
+def check_one_cycle_lr(one_cycle_lr: Callable) -> None:
+    """Exercise 2: `one_cycle_lr(pos, lr, pct_start, div_start, div_end)` is the learning rate
+    `sched_1cycle` sets at `pos`."""
+
+    def right(pos, lr, pct=0.3, div_start=10.0, div_end=1e5):
+        return combine_scheds([pct, 1 - pct], cos_1cycle_anneal(lr / div_start, lr, lr / div_end))(
+            pos
+        )
+
+    # each phase's schedule fed the whole run's pos
+    def unscaled(pos, lr, pct=0.3, div_start=10.0, div_end=1e5):
+        return (sched_cos(lr / div_start, lr) if pos < pct else sched_cos(lr, lr / div_end))(pos)
+
+    def linear(pos, lr, pct=0.3, div_start=10.0, div_end=1e5):
+        return combine_scheds(
+            [pct, 1 - pct], [sched_lin(lr / div_start, lr), sched_lin(lr, lr / div_end)]
+        )(pos)
+
+    def to_zero(pos, lr, pct=0.3, div_start=10.0, div_end=1e5):
+        return combine_scheds([pct, 1 - pct], [sched_cos(lr / div_start, lr), sched_cos(lr, 0.0)])(
+            pos
+        )
+
+    cases = [
+        (0.0, 0.1),
+        (0.3, 0.1),
+        (0.15, 0.1),
+        (0.65, 0.1),
+        (1.0, 0.1),
+        (0.9, 0.1),
+        (0.25, 1.0, 0.5),
+        (0.8, 1.0, 0.5, 25.0, 1e4),
+    ]
+    _check_cases(
+        one_cycle_lr,
+        'one_cycle_lr',
+        cases,
+        right,
+        [
+            (
+                unscaled,
+                "within each phase its cosine runs over its own pos, from 0 to 1: (pos - the "
+                "phase's start) / its width",
+            ),
+            (linear, "that is linear in each phase: one-cycle's phases are cosines"),
+            (to_zero, "that ends at 0: the second phase ends at lr / div_end"),
+        ],
+        "a cosine from lr / div_start to lr for pos up to pct_start, then from lr to lr / div_end, "
+        "each over its phase's own pos from 0 to 1",
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #9cb4311e
+import math
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #db678718
+@exercise
+def check_lr_at(lr_at: Callable) -> None:
+    """Exercise 1: `lr_at(i, min_lr, max_lr, max_iter)` is the LR finder's learning rate at training
+    batch `i`."""
+    right = lambda i, lo, hi, n: lo * (hi / lo) ** (i / (n - 1))
+    mistakes = [
+        (
+            lambda i, lo, hi, n: lo + (hi - lo) * i / (n - 1),
+            "that grows linearly: the LR finder multiplies the lr by the same factor at every "
+            "batch",
+        ),
+        (
+            lambda i, lo, hi, n: lo * (hi / lo) ** (i / n),
+            "that reaches max_lr one batch too late: batch max_iter - 1 is the last, and its lr is "
+            "max_lr",
+        ),
+    ]
+    for case in [
+        (0, 1e-6, 10.0, 100),
+        (99, 1e-6, 10.0, 100),
+        (50, 1e-6, 10.0, 100),
+        (3, 1e-3, 1.0, 4),
+        (7, 0.01, 1.0, 21),
+    ]:
+        expect_number(
+            lr_at(*case),
+            right(*case),
+            f"lr_at{case}",
+            [(wrong(*case), hint) for wrong, hint in mistakes],
+            hint="min_lr times (max_lr / min_lr) to the power of the share of the way done, i / "
+            "(max_iter - 1)",
+        )
+
+
+def _stopping_epoch(
+    losses: list, patience: int, better=lambda a, b: a < b, since_best: bool = True, extra: int = 0
+) -> int | None:
+    """Where early stopping stops for these losses (None: never); the arguments make the mistakes
+    the check knows."""
+    best, wait = math.inf, 0
+    for epoch, loss in enumerate(losses):
+        if better(loss, best):
+            best, wait = loss, 0
+        else:
+            wait += 1
+        if not since_best:
+            best = loss
+        if wait >= patience + extra:
+            return epoch
+    return None
+
+
+@exercise
+def check_stopping_epoch(stopping_epoch: Callable) -> None:
+    """Exercise 2: `stopping_epoch(losses, patience)` is the epoch after which early stopping on
+    them stops, or None."""
+    cases = [
+        ([1.0, 0.9, 0.8, 0.85, 0.83, 0.9], 2),
+        ([1.0, 0.9, 0.8, 0.7], 1),
+        ([0.5, 0.6, 0.4, 0.45, 0.41, 0.39, 0.5], 2),
+        ([0.5, 0.5, 0.5], 2),
+        ([0.3, 0.4], 3),
+        ([0.7, 0.6, 0.65, 0.66, 0.64, 0.67, 0.68], 3),
+    ]
+    got = [stopping_epoch(list(losses), patience) for losses, patience in cases]
+    want = [_stopping_epoch(losses, patience) for losses, patience in cases]
+    if got == want:
+        return
+    mistakes = [
+        (
+            dict(since_best=False),
+            "compare each loss with the best so far, not with the epoch before",
+        ),
+        (
+            dict(extra=1),
+            "that waits one epoch too many: stop once `patience` epochs in a row brought no new "
+            "best",
+        ),
+        (
+            dict(better=lambda a, b: a <= b),
+            "a loss equal to the best is not an improvement: it must be lower",
+        ),
+    ]
+    for kwargs, hint in mistakes:
+        if got == [_stopping_epoch(losses, patience, **kwargs) for losses, patience in cases]:
+            raise ExerciseError(hint)
+    if got == [None if w is None else w + 1 for w in want]:
+        raise ExerciseError("count the epochs from 0")
+    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+    losses, patience = cases[i]
+    raise ExerciseError(
+        f"stopping_epoch({losses}, {patience}) is {got[i]!r}, should be {want[i]!r}. Hint: keep "
+        "the best "
+        "loss so far and count the epochs since it; stop in the epoch where that count reaches "
+        "patience"
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #6d19545f
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #83552370
+@exercise
+def check_eta(eta: Callable) -> None:
+    """Exercise 1: `eta(elapsed, done, total)` is the seconds left when `done` of `total` batches
+    took `elapsed` seconds."""
+    for elapsed, done, total in [(10.0, 5, 20), (3.0, 1, 4), (7.5, 30, 30), (0.6, 3, 100)]:
+        expect_number(
+            eta(elapsed, done, total),
+            elapsed / done * (total - done),
+            f"eta({elapsed}, {done}, {total})",
+            [(elapsed / done * total, "that is the time of the whole pass: subtract what is done")],
+            rel_tol=1e-9,
+            abs_tol=1e-9,
+            hint="the average time per batch so far, times the batches still to go",
+        )
+
+
+@exercise
+def check_redrawn_line(redrawn_line: Callable) -> None:
+    "Exercise 2: `redrawn_line(raw)` is what a terminal shows for a line with '\\r's in it."
+    for raw, want in [
+        ('abc', 'abc'),
+        ('abc\rX', 'Xbc'),
+        ('12% |##  |\r50% |####|', '50% |####|'),
+        ('Epoch 1/3 : 10%\r\r   \r', '   ch 1/3 : 10%'),
+        ('loss 0.25\rloss 1\r', 'loss 1.25'),
+    ]:
+        got = redrawn_line(raw)
+        if not isinstance(got, str):
+            raise ExerciseError(f"redrawn_line({raw!r}) should be a string, got {got!r}")
+        if got == want:
+            continue
+        parts = raw.split('\r')
+        # the last part alone, or the last that is not empty
+        if got in (parts[-1], [p for p in parts if p][-1]):
+            raise ExerciseError(
+                f"redrawn_line({raw!r}) is {got!r}, should be {want!r}: '\\r' does not erase the "
+                "line, "
+                "so where the new text is shorter the end of the old one still shows"
+            )
+        raise ExerciseError(
+            f"redrawn_line({raw!r}) is {got!r}, should be {want!r}. Hint: split at '\\r'; each "
+            "part "
+            "overwrites the start of what the line shows so far"
+        )
+
+# %% ../nbs/A7_exercise_checks.ipynb #9962b504
+import torch
+import torch.nn as nn
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #957c02f4
+@exercise
+def check_conv_out_size(conv_out_size: Callable) -> None:
+    """Exercise 1: `conv_out_size(n, ks, stride, padding)` is the size of a convolution's output for
+    an input of size `n`."""
+    for n, ks, stride, padding in [
+        (28, 5, 2, 2),
+        (14, 3, 2, 1),
+        (28, 3, 1, 0),
+        (7, 3, 2, 1),
+        (32, 4, 3, 1),
+    ]:
+        want = nn.Conv2d(1, 1, ks, stride=stride, padding=padding)(torch.zeros(1, 1, n, n)).shape[
+            -1
+        ]
+        expect_number(
+            conv_out_size(n, ks, stride, padding),
+            want,
+            f"conv_out_size({n}, {ks}, {stride}, {padding})",
+            [
+                (
+                    (n - ks) // stride + 1,
+                    "the padding adds `padding` cells on each side, 2 * padding in all",
+                ),
+                ((n + 2 * padding - ks) // stride, "count the first position too: + 1"),
+                (
+                    n // stride,
+                    "that is the stride alone: the kernel's size and the padding count too",
+                ),
+            ],
+            "the kernel's positions along n + 2 * padding cells, one every `stride` cells, the "
+            "first included: "
+            "(n + 2 * padding - ks) // stride + 1",
+            integer=True,
+        )
+
+
+@exercise
+def check_conv_params(conv_params: Callable) -> None:
+    """Exercise 2: `conv_params(ni, nf, ks)` is the number of parameters of nn.Conv2d(ni, nf, ks),
+    bias included."""
+    for ni, nf, ks in [(1, 8, 5), (8, 16, 3), (32, 32, 3), (3, 64, 7)]:
+        want = sum(p.numel() for p in nn.Conv2d(ni, nf, ks).parameters())
+        expect_number(
+            conv_params(ni, nf, ks),
+            want,
+            f"conv_params({ni}, {nf}, {ks})",
+            [
+                (ni * nf * ks * ks, "the bias is missing: one per output channel"),
+                (
+                    ni * nf * ks + nf,
+                    "a kernel is ks by ks: ks * ks weights per input and output channel",
+                ),
+                (
+                    nf * ks * ks + nf,
+                    "each output channel has a ks x ks kernel for every input channel",
+                ),
+            ],
+            "nf output channels, each with a ks x ks kernel over ni input channels, and one bias",
+            integer=True,
+        )
+
+# %% ../nbs/A7_exercise_checks.ipynb #31a03097
+import math
+import torch
+import torch.nn as nn
+from .hooks import Hook
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #c494dcf0
+@exercise
+def check_he_std(he_std: Callable) -> None:
+    """Exercise 1: `he_std(fan_in, leak)` is the std of He's init for `fan_in` inputs and a leaky
+    ReLU of slope `leak`."""
+    for fan_in, leak in [(25, 0.0), (144, 0.0), (288, 0.1), (1000, 0.5)]:
+        expect_number(
+            he_std(fan_in, leak),
+            math.sqrt(2 / ((1 + leak**2) * fan_in)),
+            f"he_std({fan_in}, {leak})",
+            [
+                (
+                    math.sqrt(2 / fan_in),
+                    "that is the std for a plain ReLU: a leaky one keeps (1 + leak**2) / 2 of the "
+                    "variance, not 1/2",
+                )
+            ],
+            hint="the layer multiplies the variance by fan_in * std**2 * (the share of it the "
+            "leaky ReLU keeps); that product must be 1",
+        )
+
+
+@exercise
+def check_zero_fraction(zero_fraction: Callable) -> None:
+    """Exercise 2: the hook function `zero_fraction` appends, per training batch, the fraction of
+    exact zeros to `hook.zeros`."""
+    relu = nn.ReLU()
+    x = torch.tensor(
+        [[-1.0, 2.0, 0.0, 3.0], [1.0, -2.0, -3.0, 4.0]]
+    )  # half of the outputs are zero
+    with Hook(relu, zero_fraction) as hook:
+        relu(x)
+        relu.eval()
+        relu(x)
+        relu.train()  # an eval batch: not recorded
+        relu(-x.abs())  # all zero
+    got = getattr(hook, 'zeros', None)
+    if not isinstance(got, list):
+        raise ExerciseError("store the records in a list hook.zeros (create it on the first call)")
+    if len(got) != 2:
+        raise ExerciseError(
+            f"hook.zeros holds {len(got)} records after 2 training batches and 1 eval batch: "
+            "record the training batches only (module.training)"
+        )
+    values = [float(v) for v in got]
+    if not all(math.isclose(v, w, abs_tol=1e-6) for v, w in zip(values, [0.5, 1.0])):
+        raise ExerciseError(
+            f"hook.zeros is {values}, should be [0.5, 1.0]: the fraction of the output's values "
+            "that are exactly zero"
+        )
+
+
+@exercise
+def check_fan_in(fan_in: Callable) -> None:
+    """Exercise 3: `fan_in(layer)` is the number of inputs one output of a linear or (grouped)
+    convolution layer sums over."""
+    for layer in [
+        nn.Linear(300, 10),
+        nn.Conv2d(16, 32, 3),
+        nn.Conv2d(3, 8, (5, 3)),
+        nn.Conv1d(12, 24, 7),
+        nn.Conv2d(32, 64, 3, groups=4),
+    ]:
+        got = fan_in(layer)
+        want = nn.init._calculate_fan_in_and_fan_out(layer.weight)[0]
+        if got != want:
+            raise ExerciseError(
+                f"fan_in({layer}) is {got!r}, should be {want}. Hint: count the inputs that one "
+                "output value sums "
+                "over: for a convolution, its input channels (in a grouped convolution, only its "
+                "group's) "
+                "times the kernel's area"
+            )
+
+# %% ../nbs/A7_exercise_checks.ipynb #28c2b004
+import torch
+import torch.nn as nn
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #8fc9280a
+@exercise
+def check_instance_norm(instance_norm: Callable) -> None:
+    """Exercise 1: `instance_norm(x, eps)` normalises each sample's each channel over its own
+    positions."""
+    x = torch.randn(4, 3, 6, 5, generator=torch.Generator().manual_seed(0)) * 2 + 1
+    mean = x.mean((2, 3), keepdim=True)
+    expect_close(
+        instance_norm(x, eps=1e-5),
+        torch.nn.functional.instance_norm(x, eps=1e-5),
+        'instance_norm(x)',
+        mistakes=[
+            (
+                (x - mean) / (x.var((2, 3), keepdim=True) + 1e-5).sqrt(),
+                "normalise with the biased variance (unbiased=False)",
+            ),
+            (
+                (x - x.mean((1, 2, 3), keepdim=True))
+                / (x.var((1, 2, 3), keepdim=True, unbiased=False) + 1e-5).sqrt(),
+                "that is layer norm: one mean and variance per sample and channel, over dims (2, "
+                "3) only",
+            ),
+            (
+                (x - mean) / (x.var((2, 3), keepdim=True, unbiased=False).sqrt() + 1e-5),
+                "add eps to the variance, inside the square root",
+            ),
+        ],
+        eps=1e-4,
+    )
+
+
+@exercise
+def check_fold_bn(fold_bn: Callable) -> None:
+    """Exercise 2: `fold_bn(conv, bn)` is one convolution computing `bn(conv(x))` for `bn` in eval
+    mode."""
+    g = torch.Generator().manual_seed(0)
+    conv, bn = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+    with torch.no_grad():
+        bn.running_mean.normal_(generator=g)
+        bn.running_var.uniform_(0.5, 2, generator=g)
+        bn.weight.uniform_(0.5, 1.5, generator=g)
+        bn.bias.normal_(generator=g)
+    bn.eval()
+    x = torch.randn(2, 3, 8, 8, generator=g)
+    with torch.no_grad():
+        want = bn(conv(x))
+        folded = fold_bn(conv, bn)
+        if not isinstance(folded, nn.Conv2d):
+            raise ExerciseError(f"fold_bn should return an nn.Conv2d, got {type(folded).__name__}")
+        scale = (bn.weight / (bn.running_var + bn.eps).sqrt()).view(1, -1, 1, 1)
+        conv_bias = conv.bias.view(1, -1, 1, 1)
+        expect_close(
+            folded(x),
+            want,
+            "the folded convolution's output",
+            mistakes=[
+                (
+                    want - bn.bias.view(1, -1, 1, 1),
+                    "batch norm's own bias is missing from the new bias",
+                ),
+                (
+                    conv(x) * scale + bn.bias.view(1, -1, 1, 1),
+                    "the running mean must come off: new bias = (bias - running_mean) * s + beta",
+                ),
+                (
+                    (conv(x) - conv_bias) * scale + conv_bias,
+                    "the convolution's bias goes through batch norm too: new bias = (bias - "
+                    "running_mean) * s + beta",
+                ),
+            ],
+            hint="in eval, bn(y) = y * s + t per channel with s = weight / sqrt(running_var + eps) "
+            "and t = bias - running_mean * s; "
+            "scale each output channel's weights by s, and fold the rest into the convolution's "
+            "bias",
+            eps=1e-4,
+        )
+
+
+@exercise
+def check_running_var_after(running_var_after: Callable) -> None:
+    """Exercise 3: `running_var_after(running_var, x, momentum)` is nn.BatchNorm2d's running
+    variance after one training batch."""
+    x = torch.randn(8, 3, 4, 4, generator=torch.Generator().manual_seed(0)) * 2
+    start = torch.tensor([1.0, 2.0, 0.5])
+    bn = nn.BatchNorm2d(3, momentum=0.2)
+    bn.running_var.copy_(start)
+    bn(x)
+    unbiased, biased = x.var((0, 2, 3)), x.var((0, 2, 3), unbiased=False)
+    expect_close(
+        running_var_after(start.clone(), x, 0.2),
+        bn.running_var,
+        'running_var_after(...)',
+        mistakes=[
+            (
+                0.8 * start + 0.2 * biased,
+                "the batch variance that goes in is the unbiased one (n / (n - 1) times the "
+                "biased, n = N*H*W)",
+            ),
+            (
+                0.2 * start + 0.8 * unbiased,
+                "momentum is the weight of the new value, 1 - momentum that of the old one",
+            ),
+            (
+                unbiased,
+                "the running variance moves only part of the way: (1 - momentum) * old + momentum "
+                "* new",
+            ),
+        ],
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #67f26b67
+import math
+from numbers import Real
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #4edd199f
+def _next_scale(
+    scale: float,
+    overflow: bool,
+    noskip: int,
+    max_noskip: int,
+    grow_on_overflow: bool = False,
+    keep_count: bool = False,
+    count_after: bool = True,
+) -> tuple[float, int]:
+    "Dynamic loss scaling after one batch; the keyword arguments make the mistakes the check knows."
+    if overflow:
+        return (scale * 2 if grow_on_overflow else scale / 2), (noskip if keep_count else 0)
+    if count_after:
+        noskip += 1
+    if noskip >= max_noskip:
+        return scale * 2, 0
+    return scale, noskip if count_after else noskip + 1
+
+
+@exercise
+def check_next_scale(next_scale: Callable) -> None:
+    """Exercise 1: `next_scale(scale, overflow, noskip, max_noskip)` is `(scale, noskip)` after one
+    batch."""
+    cases = [
+        (2.0**16, True, 5, 8),
+        (2.0**10, False, 3, 4),
+        (2.0**10, False, 1, 4),
+        (1024.0, False, 0, 1),
+        (512.0, True, 0, 4),
+        (64.0, False, 6, 8),
+    ]
+    got = [next_scale(*case) for case in cases]
+    if not all(isinstance(g, tuple) and len(g) == 2 for g in got):
+        raise ExerciseError("next_scale should return a pair (scale, noskip)")
+    want = [_next_scale(*case) for case in cases]
+    if got == want:
+        return
+    for kwargs, hint in [
+        (dict(grow_on_overflow=True), "on an overflow the scale is too large: halve it"),
+        (dict(keep_count=True), "an overflow ends the run of good steps: noskip goes back to 0"),
+        (
+            dict(count_after=False),
+            "count this batch's good step first, then double once noskip reaches max_noskip",
+        ),
+    ]:
+        if got == [_next_scale(*case, **kwargs) for case in cases]:
+            raise ExerciseError(hint)
+    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+    raise ExerciseError(
+        f"next_scale{cases[i]} is {got[i]}, should be {want[i]}. Hint: on overflow halve the scale "
+        "and "
+        "reset noskip; else add one to noskip, and at max_noskip double the scale and reset noskip"
+    )
+
+
+def _smallest_scale(
+    g: float, target: float = 2.0**-14, round_up: bool = True, at_least_one: bool = True
+) -> float:
+    """The smallest power of two lifting `g` to `target`; the keyword arguments make the mistakes
+    the check knows."""
+    k = math.log2(target / g)
+    k = math.ceil(k) if round_up else math.floor(k)
+    return 2.0 ** (max(k, 0) if at_least_one else k)
+
+
+@exercise
+def check_smallest_scale(smallest_scale: Callable[[float], float]) -> None:
+    "Exercise 2: `smallest_scale(g)` is the smallest 2**k, k >= 0, with g * 2**k >= 2**-14."
+    cases = [1e-8, 3e-6, 2.0**-20, 2.0**-14, 0.5, 1.7e-9]
+    got = [smallest_scale(g) for g in cases]
+    if not all(isinstance(s, Real) and not isinstance(s, bool) for s in got):
+        raise ExerciseError(f"smallest_scale should return numbers, got {got}")
+    want = [_smallest_scale(g) for g in cases]
+    if got == want:
+        return
+    if got == [math.log2(w) for w in want]:
+        raise ExerciseError("that is the exponent k: return the scale, 2**k")
+    for kwargs, hint in [
+        (
+            dict(target=2.0**-24),
+            "that lifts g to 2**-24, the smallest subnormal: the target is the smallest normal, "
+            "2**-14",
+        ),
+        (
+            dict(round_up=False),
+            "round the exponent up: with it rounded down, g * scale stays below 2**-14",
+        ),
+        (dict(at_least_one=False), "a scale is never below 1: a large g needs no scaling, 2**0"),
+    ]:
+        if got == [_smallest_scale(g, **kwargs) for g in cases]:
+            raise ExerciseError(hint)
+    i = next(i for i, (s, w) in enumerate(zip(got, want)) if s != w)
+    raise ExerciseError(
+        f"smallest_scale({cases[i]}) is {got[i]}, should be {want[i]}. Hint: k is log2(2**-14 / "
+        "g), rounded up, at least 0"
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #18beaae4
+import math
+import torch
+from .learner import suggest_lr
+from numbers import Real
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #750d196e
+@exercise
+def check_resume_start(resume_start: Callable[[int, int], int]) -> None:
+    """Exercise 1: `resume_start(saved_epoch, epochs)` is the epoch a fit resumed from a checkpoint
+    of epoch `saved_epoch` starts at."""
+    cases = [(1, 4), (0, 1), (3, 4), (5, 3), (0, 10)]
+    got = [resume_start(*case) for case in cases]
+    if not all(isinstance(g, int) and not isinstance(g, bool) for g in got):
+        raise ExerciseError(f"resume_start should return ints, got {got}")
+    want = [min(saved + 1, epochs) for saved, epochs in cases]
+    if got == want:
+        return
+    if got == [saved for saved, _ in cases]:
+        raise ExerciseError(
+            "that trains the saved epoch again: the checkpoint is written once epoch saved_epoch "
+            "has finished"
+        )
+    if got == [saved + 1 for saved, _ in cases]:
+        raise ExerciseError(
+            f"resume_start{cases[3]} is {got[3]}, after the end of a {cases[3][1]}-epoch fit: "
+            "never start past epochs"
+        )
+    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+    raise ExerciseError(
+        f"resume_start{cases[i]} is {got[i]}, should be {want[i]}. Hint: the epoch after the saved "
+        "one, at most epochs"
+    )
+
+
+def _loss_curves() -> list[tuple[list[float], list[float]]]:
+    """LR-finder-like curves: falling, a minimum, rising, a single low outlier, then a divergence
+    (inf)."""
+    gen, curves = torch.Generator().manual_seed(0), []
+    for n, low, outlier in ((60, 40, 22), (45, 25, 35), (80, 55, 10)):
+        i = torch.arange(n, dtype=torch.float64)
+        losses = (
+            2.3
+            - 1.5 * torch.exp(-(((i - low) / (n / 6)) ** 2))
+            + 0.05 * torch.randn(n, generator=gen, dtype=torch.float64)
+        )
+        losses[outlier] = 0.2
+        lrs = 1e-5 * 10 ** (6 * i / n)
+        curves.append((lrs.tolist(), losses.tolist() + [math.inf] * 3))
+    return [(lrs + [lrs[-1] * 1.2**k for k in range(1, 4)], losses) for lrs, losses in curves]
+
+
+@exercise
+def check_suggest_lr(suggest: Callable[[list, list], float]) -> None:
+    """Exercise 2: `suggest(lrs, losses)` is a tenth of the lr at the lowest debiased EWMA (beta
+    0.9) of the finite losses."""
+    curves = _loss_curves()
+    got = [suggest(list(lrs), list(losses)) for lrs, losses in curves]
+    if not all(isinstance(g, Real) and not isinstance(g, bool) for g in got):
+        raise ExerciseError(f"suggest should return numbers, got {got}")
+    want = [suggest_lr(lrs, losses) for lrs, losses in curves]
+    same = lambda xs, ys: all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(xs, ys))
+    if same(got, want):
+        return
+    raw_min = [lrs[min(range(len(lrs)), key=lambda i: losses[i])] / 10 for lrs, losses in curves]
+
+    def biased(lrs, losses):
+        avg, best, best_lr = 0.0, math.inf, lrs[0]
+        for lr, loss in zip(lrs, losses):
+            if not math.isfinite(loss):
+                break
+            avg = 0.9 * avg + 0.1 * loss
+            if avg < best:
+                best, best_lr = avg, lr
+        return best_lr / 10
+
+    for wrong, hint in [
+        ([w * 10 for w in want], "that is the lr at the lowest loss itself: suggest a tenth of it"),
+        (
+            raw_min,
+            "that is a tenth of the lr at the lowest raw loss, a single lucky batch: smooth the "
+            "losses first",
+        ),
+        (
+            [biased(*c) for c in curves],
+            "without debiasing, the first averages are far too low: divide the average by 1 - "
+            "beta**i",
+        ),
+    ]:
+        if same(got, wrong):
+            raise ExerciseError(hint)
+    raise ExerciseError(
+        f"suggest gave {got[0]:.4g} on the first curve, should be {want[0]:.4g}. Hint: avg = beta "
+        "* avg + (1 - beta) "
+        "* loss, smoothed = avg / (1 - beta**i) for the i-th loss (from 1), until a loss is not "
+        "finite"
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #745829f8
+import torch
+from torch import Tensor
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #fff9e6e2
+@exercise
+def check_rank_share(rank_share: Callable) -> None:
+    """Exercise 1: `rank_share(batch, rank, world_size)` is the list of samples process `rank` takes
+    of global batch `batch`."""
+    for batch, world in (
+        (list(range(10, 18)), 2),
+        ([5, 3, 9, 1, 7, 2, 8], 3),
+        (list(range(12)), 4),
+    ):
+        for rank in range(world):
+            what = f"rank_share({batch}, {rank}, {world})"
+            got = rank_share(list(batch), rank, world)
+            if isinstance(got, Tensor):
+                got = got.tolist()
+            if not isinstance(got, (list, tuple)):
+                raise ExerciseError(f"{what} should be a list, got {type(got).__name__}")
+            want = batch[rank::world]
+            if list(got) == want:
+                continue
+            n = len(batch)
+            if list(got) == batch[rank * n // world : (rank + 1) * n // world]:
+                raise ExerciseError(
+                    f"{what} is {list(got)}: a block of the batch; the learner takes every "
+                    f"{world}th sample, "
+                    "from position rank (so that an uneven last batch still splits)"
+                )
+            raise ExerciseError(
+                f"{what} is {list(got)}, should be {want}. Hint: positions rank, rank + "
+                "world_size, ..."
+            )
+
+
+@exercise
+def check_averaged_grad(averaged_grad: Callable) -> None:
+    """Exercise 2: `averaged_grad(grads, sizes)` is the gradient of the whole batch's mean loss from
+    the shares' gradients."""
+    gen = torch.Generator().manual_seed(0)
+    w, x, y = (
+        torch.randn(3, 4, generator=gen),
+        torch.randn(7, 4, generator=gen),
+        torch.randn(7, 3, generator=gen),
+    )
+
+    def grad_of_mean(rows):  # the gradient of the mean squared error over `rows`, by autograd
+        w_ = w.clone().requires_grad_()
+        ((x[rows] @ w_.T - y[rows]) ** 2).mean().backward()
+        return w_.grad
+
+    parts, sizes = [slice(0, 3), slice(3, 5), slice(5, 7)], [3, 2, 2]
+    grads = [grad_of_mean(p) for p in parts]
+    got = averaged_grad([g.clone() for g in grads], list(sizes))
+    weighted = sum(g * n for g, n in zip(grads, sizes))
+    expect_close(
+        got,
+        grad_of_mean(slice(0, 7)),
+        'averaged_grad(grads, sizes)',
+        mistakes=[
+            (
+                sum(grads) / len(grads),
+                "that is the plain mean: the shares differ in size, so weigh each gradient by its "
+                "share",
+            ),
+            (sum(grads), "that is the sum of the gradients: average them"),
+            (weighted, "divide the weighted sum by the number of samples in the batch"),
+        ],
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #093d927d
+import math
+from .train import ONE_CYCLE, PARTIAL, partial_folder
+from numbers import Real
+from pathlib import Path
+
+# %% ../nbs/A7_exercise_checks.ipynb #36d8cb3a
+def _lr_pair(got, what: str) -> tuple[float, float]:
+    "`got` as a pair of floats; else an ExerciseError naming `what`."
+    if not (
+        isinstance(got, (tuple, list))
+        and len(got) == 2
+        and all(isinstance(v, Real) and not isinstance(v, bool) for v in got)
+    ):
+        raise ExerciseError(f"{what} should be a tuple of two numbers (first, last), got {got!r}")
+    return float(got[0]), float(got[1])
+
+
+@exercise
+def check_cycle_lrs(cycle_lrs) -> None:
+    """Exercise 1: `cycle_lrs(max_lr)` is `(first, last)`, the lrs at which the trainer's one-cycle
+    starts and ends."""
+    div, final = ONE_CYCLE['div_factor'], ONE_CYCLE['final_div']
+    mistakes = [
+        (
+            lambda lr: (lr / 25, lr / 25e4),
+            "that is fastai's default (div_factor 25); the trainer's is ONE_CYCLE",
+        ),
+        (
+            lambda lr: (lr / div, lr / div / final),
+            "final_div divides the peak lr, not the first one",
+        ),
+        (lambda lr: (lr * div, lr * final), "the schedule starts and ends below its peak: divide"),
+    ]
+    for max_lr in (0.1, 0.03, 2.0):
+        what = f"cycle_lrs({max_lr})"
+        got, want = _lr_pair(cycle_lrs(max_lr), what), (max_lr / div, max_lr / final)
+        if all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, want)):
+            continue
+        for wrong, hint in mistakes:
+            if all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, wrong(max_lr))):
+                raise ExerciseError(f"{what} = {got}: {hint}")
+        raise ExerciseError(
+            f"{what} = {got}, should be ({want[0]:g}, {want[1]:g}). Hint: look at ONE_CYCLE and at "
+            "what "
+            "fit_one_cycle's div_factor and final_div divide"
+        )
+
+
+@exercise
+def check_partial_folder(partial_name) -> None:
+    """Exercise 2: `partial_name(out)` is the Path that the run of run folder `out` is written into
+    until it is finished."""
+    for out in ('runs/mlp', 'runs/mnist.v2', 'a/b/c'):
+        got, want = partial_name(out), partial_folder(out)
+        if not isinstance(got, Path):
+            raise ExerciseError(f"partial_name({out!r}) should be a Path, got {type(got).__name__}")
+        if got == want:
+            continue
+        if got == Path(out).with_suffix(PARTIAL):
+            raise ExerciseError(
+                f"partial_name({out!r}) is {str(got)!r}: with_suffix replaces the '.v2' of a name; "
+                "add to the name instead"
+            )
+        raise ExerciseError(
+            f"partial_name({out!r}) is {str(got)!r}, should be {str(want)!r}. Hint: PARTIAL after "
+            "the folder's name"
+        )

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from numbers import Real
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
@@ -24,11 +23,10 @@ from exp.callbacks import (
 )
 from .cnn import DeviceCallback
 from .early_stopping import LRFinder, opt_state
-from .exercises import ExerciseError, exercise
 
 # %% auto #0
 __all__ = ['model_to_half', 'get_master', 'to_master_grads', 'to_model_params', 'swap_params', 'grad_overflow', 'MixedPrecision',
-           'to_fp16', 'to_bf16', 'check_next_scale', 'check_smallest_scale']
+           'to_fp16', 'to_bf16']
 
 # %% ../nbs/09_fp16.ipynb #887a54dc
 # torch's batch norms and the series' own (which subclass _BatchNorm), and the series' LayerNorm,
@@ -420,101 +418,3 @@ def to_bf16(learn: Learner, clip: float | None = None, flat_master: bool = False
     learn.cbs = [cb for cb in learn.cbs if not isinstance(cb, MixedPrecision)]
     learn.cbs.append(MixedPrecision(clip=clip, flat_master=flat_master, dtype=torch.bfloat16))
     return learn
-
-# %% ../nbs/09_fp16.ipynb #af9c209e
-def _next_scale(
-    scale: float,
-    overflow: bool,
-    noskip: int,
-    max_noskip: int,
-    grow_on_overflow: bool = False,
-    keep_count: bool = False,
-    count_after: bool = True,
-) -> tuple[float, int]:
-    "Dynamic loss scaling after one batch; the keyword arguments make the mistakes the check knows."
-    if overflow:
-        return (scale * 2 if grow_on_overflow else scale / 2), (noskip if keep_count else 0)
-    if count_after:
-        noskip += 1
-    if noskip >= max_noskip:
-        return scale * 2, 0
-    return scale, noskip if count_after else noskip + 1
-
-
-@exercise
-def check_next_scale(next_scale: Callable) -> None:
-    """Exercise 1: `next_scale(scale, overflow, noskip, max_noskip)` is `(scale, noskip)` after one
-    batch."""
-    cases = [
-        (2.0**16, True, 5, 8),
-        (2.0**10, False, 3, 4),
-        (2.0**10, False, 1, 4),
-        (1024.0, False, 0, 1),
-        (512.0, True, 0, 4),
-        (64.0, False, 6, 8),
-    ]
-    got = [next_scale(*case) for case in cases]
-    if not all(isinstance(g, tuple) and len(g) == 2 for g in got):
-        raise ExerciseError("next_scale should return a pair (scale, noskip)")
-    want = [_next_scale(*case) for case in cases]
-    if got == want:
-        return
-    for kwargs, hint in [
-        (dict(grow_on_overflow=True), "on an overflow the scale is too large: halve it"),
-        (dict(keep_count=True), "an overflow ends the run of good steps: noskip goes back to 0"),
-        (
-            dict(count_after=False),
-            "count this batch's good step first, then double once noskip reaches max_noskip",
-        ),
-    ]:
-        if got == [_next_scale(*case, **kwargs) for case in cases]:
-            raise ExerciseError(hint)
-    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
-    raise ExerciseError(
-        f"next_scale{cases[i]} is {got[i]}, should be {want[i]}. Hint: on overflow halve the scale "
-        "and "
-        "reset noskip; else add one to noskip, and at max_noskip double the scale and reset noskip"
-    )
-
-
-def _smallest_scale(
-    g: float, target: float = 2.0**-14, round_up: bool = True, at_least_one: bool = True
-) -> float:
-    """The smallest power of two lifting `g` to `target`; the keyword arguments make the mistakes
-    the check knows."""
-    k = math.log2(target / g)
-    k = math.ceil(k) if round_up else math.floor(k)
-    return 2.0 ** (max(k, 0) if at_least_one else k)
-
-
-@exercise
-def check_smallest_scale(smallest_scale: Callable[[float], float]) -> None:
-    "Exercise 2: `smallest_scale(g)` is the smallest 2**k, k >= 0, with g * 2**k >= 2**-14."
-    cases = [1e-8, 3e-6, 2.0**-20, 2.0**-14, 0.5, 1.7e-9]
-    got = [smallest_scale(g) for g in cases]
-    if not all(isinstance(s, Real) and not isinstance(s, bool) for s in got):
-        raise ExerciseError(f"smallest_scale should return numbers, got {got}")
-    want = [_smallest_scale(g) for g in cases]
-    if got == want:
-        return
-    if got == [math.log2(w) for w in want]:
-        raise ExerciseError("that is the exponent k: return the scale, 2**k")
-    for kwargs, hint in [
-        (
-            dict(target=2.0**-24),
-            "that lifts g to 2**-24, the smallest subnormal: the target is the smallest normal, "
-            "2**-14",
-        ),
-        (
-            dict(round_up=False),
-            "round the exponent up: with it rounded down, g * scale stays below 2**-14",
-        ),
-        (dict(at_least_one=False), "a scale is never below 1: a large g needs no scaling, 2**0"),
-    ]:
-        if got == [_smallest_scale(g, **kwargs) for g in cases]:
-            raise ExerciseError(hint)
-    i = next(i for i, (s, w) in enumerate(zip(got, want)) if s != w)
-    raise ExerciseError(
-        f"smallest_scale({cases[i]}) is {got[i]}, should be {want[i]}. Hint: k is log2(2**-14 / "
-        "g), rounded up, at least 0"
-    )

@@ -14,7 +14,6 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from .exercises import ExerciseError, exercise, expect_number
 from .callbacks import Callback
 
 # matplotlib's Figure, named for the type hints only: matplotlib is imported when a plot is drawn
@@ -22,8 +21,7 @@ from .callbacks import Callback
 _Figure = Any
 
 # %% auto #0
-__all__ = ['Hook', 'Hooks', 'append_stats', 'ActivationStats', 'init_cnn', 'GeneralRelu', 'check_he_std', 'check_zero_fraction',
-           'check_fan_in']
+__all__ = ['Hook', 'Hooks', 'append_stats', 'ActivationStats', 'init_cnn', 'GeneralRelu']
 
 # %% ../nbs/08a_hooks_init.ipynb #f18698f7
 class Hook:
@@ -308,77 +306,3 @@ class GeneralRelu(nn.Module):
 
     def extra_repr(self) -> str:
         return f'leak={self.leak}, sub={self.sub}, maxv={self.maxv}'
-
-# %% ../nbs/08a_hooks_init.ipynb #7853c5e7
-@exercise
-def check_he_std(he_std: Callable) -> None:
-    """Exercise 1: `he_std(fan_in, leak)` is the std of He's init for `fan_in` inputs and a leaky
-    ReLU of slope `leak`."""
-    for fan_in, leak in [(25, 0.0), (144, 0.0), (288, 0.1), (1000, 0.5)]:
-        expect_number(
-            he_std(fan_in, leak),
-            math.sqrt(2 / ((1 + leak**2) * fan_in)),
-            f"he_std({fan_in}, {leak})",
-            [
-                (
-                    math.sqrt(2 / fan_in),
-                    "that is the std for a plain ReLU: a leaky one keeps (1 + leak**2) / 2 of the "
-                    "variance, not 1/2",
-                )
-            ],
-            hint="the layer multiplies the variance by fan_in * std**2 * (the share of it the "
-            "leaky ReLU keeps); that product must be 1",
-        )
-
-
-@exercise
-def check_zero_fraction(zero_fraction: Callable) -> None:
-    """Exercise 2: the hook function `zero_fraction` appends, per training batch, the fraction of
-    exact zeros to `hook.zeros`."""
-    relu = nn.ReLU()
-    x = torch.tensor(
-        [[-1.0, 2.0, 0.0, 3.0], [1.0, -2.0, -3.0, 4.0]]
-    )  # half of the outputs are zero
-    with Hook(relu, zero_fraction) as hook:
-        relu(x)
-        relu.eval()
-        relu(x)
-        relu.train()  # an eval batch: not recorded
-        relu(-x.abs())  # all zero
-    got = getattr(hook, 'zeros', None)
-    if not isinstance(got, list):
-        raise ExerciseError("store the records in a list hook.zeros (create it on the first call)")
-    if len(got) != 2:
-        raise ExerciseError(
-            f"hook.zeros holds {len(got)} records after 2 training batches and 1 eval batch: "
-            "record the training batches only (module.training)"
-        )
-    values = [float(v) for v in got]
-    if not all(math.isclose(v, w, abs_tol=1e-6) for v, w in zip(values, [0.5, 1.0])):
-        raise ExerciseError(
-            f"hook.zeros is {values}, should be [0.5, 1.0]: the fraction of the output's values "
-            "that are exactly zero"
-        )
-
-
-@exercise
-def check_fan_in(fan_in: Callable) -> None:
-    """Exercise 3: `fan_in(layer)` is the number of inputs one output of a linear or (grouped)
-    convolution layer sums over."""
-    for layer in [
-        nn.Linear(300, 10),
-        nn.Conv2d(16, 32, 3),
-        nn.Conv2d(3, 8, (5, 3)),
-        nn.Conv1d(12, 24, 7),
-        nn.Conv2d(32, 64, 3, groups=4),
-    ]:
-        got = fan_in(layer)
-        want = nn.init._calculate_fan_in_and_fan_out(layer.weight)[0]
-        if got != want:
-            raise ExerciseError(
-                f"fan_in({layer}) is {got!r}, should be {want}. Hint: count the inputs that one "
-                "output value sums "
-                "over: for a convolution, its input channels (in a grouped convolution, only its "
-                "group's) "
-                "times the kernel's area"
-            )

@@ -9,7 +9,7 @@ import math
 import os
 from numbers import Real
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from fastcore.basics import listify, patch
@@ -20,13 +20,11 @@ from .callbacks import AvgStatsCallback, Callback, DataBunch, Learner, Runner
 from .checkpoint import CHECKPOINT_VERSION, CheckpointMismatch, SaveModelCallback
 from .checkpoint import TerminateOnNaNCallback, interrupt_note, load_checkpoint, save_checkpoint
 from .early_stopping import LRFinder
-from .exercises import ExerciseError, exercise
 from .fp16 import MixedPrecision
 from .progress import ProgressCallback
 
 # %% auto #0
-__all__ = ['suggest_lr', 'check_resume_start', 'check_suggest_lr', 'CHECKPOINT_VERSION', 'CheckpointMismatch',
-           'SaveModelCallback', 'TerminateOnNaNCallback']
+__all__ = ['suggest_lr', 'CHECKPOINT_VERSION', 'CheckpointMismatch', 'SaveModelCallback', 'TerminateOnNaNCallback']
 
 # %% ../nbs/10_learner.ipynb #feac7eb7
 _all_ = ['CHECKPOINT_VERSION', 'CheckpointMismatch', 'SaveModelCallback', 'TerminateOnNaNCallback']
@@ -241,95 +239,3 @@ def load(self: Learner, path: str | os.PathLike) -> dict:
     """Load the checkpoint at `path` into this learner (model, optimizer, RNG states, data, its
     callbacks); returns the checkpoint."""
     return load_checkpoint(self, path)
-
-# %% ../nbs/10_learner.ipynb #62db2c45
-@exercise
-def check_resume_start(resume_start: Callable[[int, int], int]) -> None:
-    """Exercise 1: `resume_start(saved_epoch, epochs)` is the epoch a fit resumed from a checkpoint
-    of epoch `saved_epoch` starts at."""
-    cases = [(1, 4), (0, 1), (3, 4), (5, 3), (0, 10)]
-    got = [resume_start(*case) for case in cases]
-    if not all(isinstance(g, int) and not isinstance(g, bool) for g in got):
-        raise ExerciseError(f"resume_start should return ints, got {got}")
-    want = [min(saved + 1, epochs) for saved, epochs in cases]
-    if got == want:
-        return
-    if got == [saved for saved, _ in cases]:
-        raise ExerciseError(
-            "that trains the saved epoch again: the checkpoint is written once epoch saved_epoch "
-            "has finished"
-        )
-    if got == [saved + 1 for saved, _ in cases]:
-        raise ExerciseError(
-            f"resume_start{cases[3]} is {got[3]}, after the end of a {cases[3][1]}-epoch fit: "
-            "never start past epochs"
-        )
-    i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
-    raise ExerciseError(
-        f"resume_start{cases[i]} is {got[i]}, should be {want[i]}. Hint: the epoch after the saved "
-        "one, at most epochs"
-    )
-
-
-def _loss_curves() -> list[tuple[list[float], list[float]]]:
-    """LR-finder-like curves: falling, a minimum, rising, a single low outlier, then a divergence
-    (inf)."""
-    gen, curves = torch.Generator().manual_seed(0), []
-    for n, low, outlier in ((60, 40, 22), (45, 25, 35), (80, 55, 10)):
-        i = torch.arange(n, dtype=torch.float64)
-        losses = (
-            2.3
-            - 1.5 * torch.exp(-(((i - low) / (n / 6)) ** 2))
-            + 0.05 * torch.randn(n, generator=gen, dtype=torch.float64)
-        )
-        losses[outlier] = 0.2
-        lrs = 1e-5 * 10 ** (6 * i / n)
-        curves.append((lrs.tolist(), losses.tolist() + [math.inf] * 3))
-    return [(lrs + [lrs[-1] * 1.2**k for k in range(1, 4)], losses) for lrs, losses in curves]
-
-
-@exercise
-def check_suggest_lr(suggest: Callable[[list, list], float]) -> None:
-    """Exercise 2: `suggest(lrs, losses)` is a tenth of the lr at the lowest debiased EWMA (beta
-    0.9) of the finite losses."""
-    curves = _loss_curves()
-    got = [suggest(list(lrs), list(losses)) for lrs, losses in curves]
-    if not all(isinstance(g, Real) and not isinstance(g, bool) for g in got):
-        raise ExerciseError(f"suggest should return numbers, got {got}")
-    want = [suggest_lr(lrs, losses) for lrs, losses in curves]
-    same = lambda xs, ys: all(math.isclose(x, y, rel_tol=1e-9) for x, y in zip(xs, ys))
-    if same(got, want):
-        return
-    raw_min = [lrs[min(range(len(lrs)), key=lambda i: losses[i])] / 10 for lrs, losses in curves]
-
-    def biased(lrs, losses):
-        avg, best, best_lr = 0.0, math.inf, lrs[0]
-        for lr, loss in zip(lrs, losses):
-            if not math.isfinite(loss):
-                break
-            avg = 0.9 * avg + 0.1 * loss
-            if avg < best:
-                best, best_lr = avg, lr
-        return best_lr / 10
-
-    for wrong, hint in [
-        ([w * 10 for w in want], "that is the lr at the lowest loss itself: suggest a tenth of it"),
-        (
-            raw_min,
-            "that is a tenth of the lr at the lowest raw loss, a single lucky batch: smooth the "
-            "losses first",
-        ),
-        (
-            [biased(*c) for c in curves],
-            "without debiasing, the first averages are far too low: divide the average by 1 - "
-            "beta**i",
-        ),
-    ]:
-        if same(got, wrong):
-            raise ExerciseError(hint)
-    raise ExerciseError(
-        f"suggest gave {got[0]:.4g} on the first curve, should be {want[0]:.4g}. Hint: avg = beta "
-        "* avg + (1 - beta) "
-        "* loss, smoothed = avg / (1 - beta**i) for the i-th loss (from 1), until a loss is not "
-        "finite"
-    )

@@ -6,16 +6,12 @@
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import torch
 from torch import Tensor
 
-from .exercises import ExerciseError, exercise, expect_close
-
 # %% auto #0
-__all__ = ['logsumexp', 'log_softmax', 'nll', 'cross_entropy', 'accuracy', 'check_logsumexp_rows', 'check_nll_by_hand',
-           'try_compile']
+__all__ = ['logsumexp', 'log_softmax', 'nll', 'cross_entropy', 'accuracy', 'try_compile']
 
 # %% ../nbs/02_cross_entropy.ipynb #cf266b07
 def _check_scores(x: Tensor, name: str, ndim: int | None = None) -> None:
@@ -158,65 +154,3 @@ def _n_correct(out: Tensor, targ: Tensor) -> Tensor:
 
 # what a sum over batches adds up instead of accuracy(out, targ) * len(out)
 accuracy.batch_sum = _n_correct
-
-# %% ../nbs/02_cross_entropy.ipynb #142b2419
-@exercise
-def check_logsumexp_rows(logsumexp_rows: Callable[[Tensor], Tensor]) -> None:
-    "Exercise 1: `logsumexp_rows(x)` is the stable LogSumExp of each row of a 2-d `x`."
-    gen = torch.Generator().manual_seed(0)
-    x = torch.cat(
-        [
-            torch.randn(3, 5, generator=gen),
-            torch.randn(2, 5, generator=gen) + 1000,
-            torch.randn(2, 5, generator=gen) - 1000,
-        ]
-    )
-    got = logsumexp_rows(x.clone())
-    if isinstance(got, Tensor) and not got.isfinite().all():
-        raise ExerciseError(
-            "logsumexp_rows(x) is not finite on rows near 1000 or -1000: exp overflowed or "
-            "underflowed. "
-            "Subtract each row's max before exp, and add it back after the log"
-        )
-    m = x.amax(-1, keepdim=True)
-    expect_close(
-        got,
-        torch.logsumexp(x, -1),
-        'logsumexp_rows(x)',
-        eps=1e-4,
-        mistakes=[
-            (
-                (x - m).exp().sum(-1).log(),
-                "the row's max was subtracted but not added back after the log",
-            )
-        ],
-        hint="m = x.amax(-1, keepdim=True); m + log(sum(exp(x - m))), per row",
-    )
-
-
-@exercise
-def check_nll_by_hand(nll_by_hand: Callable[[Tensor, Tensor], Tensor]) -> None:
-    "Exercise 2: `nll_by_hand(log_probs, target)` is the mean of -log_probs[i, target[i]]."
-    gen = torch.Generator().manual_seed(0)
-    log_probs = torch.randn(6, 4, generator=gen).log_softmax(-1)
-    target = torch.tensor([3, 0, 1, 3, 2, 1])
-    picked = log_probs[torch.arange(6), target]
-    expect_close(
-        nll_by_hand(log_probs.clone(), target.clone()),
-        torch.nn.functional.nll_loss(log_probs, target),
-        'nll_by_hand(log_probs, target)',
-        mistakes=[
-            (
-                picked.mean(),
-                "the sign: the loss is minus the log-probability, so that it is small when the "
-                "model is right",
-            ),
-            (-picked.sum(), "that is the sum over the rows: take the mean"),
-            (
-                -log_probs[:, target].mean(),
-                "log_probs[:, target] picks every label's column for every row; pick one per row: "
-                "log_probs[torch.arange(len(target)), target]",
-            ),
-        ],
-        hint="index each row i at column target[i], then take minus the mean",
-    )

@@ -12,11 +12,10 @@ from torch import Tensor, nn
 from torch.utils.data import BatchSampler, SequentialSampler
 
 from .data import MAX_SEED
-from .exercises import exercise, expect_close, expect_number
 from .loss import accuracy
 
 # %% auto #0
-__all__ = ['Optimizer', 'fit', 'Dataset', 'Sampler', 'collate', 'DataLoader', 'get_dls', 'check_n_batches', 'check_epoch_loss']
+__all__ = ['Optimizer', 'fit', 'Dataset', 'Sampler', 'collate', 'DataLoader', 'get_dls']
 
 # %% ../nbs/03_minibatch_training.ipynb #32ca36b9
 class Optimizer:
@@ -229,62 +228,4 @@ def get_dls(
     return (
         DataLoader(train_ds, Sampler(train_ds, bs, shuffle=True), **kwargs),
         DataLoader(valid_ds, Sampler(valid_ds, bs * 2), **kwargs),
-    )
-
-# %% ../nbs/03_minibatch_training.ipynb #1e68bf94
-@exercise
-def check_n_batches(n_batches: Callable) -> None:
-    "Exercise 1: `n_batches(n, bs, drop_last)` is the number of batches of `bs` out of `n` items."
-    for n, bs, drop_last in [
-        (1000, 128, False),
-        (1000, 128, True),
-        (4000, 64, False),
-        (10, 3, True),
-        (10, 3, False),
-        (5, 8, True),
-    ]:
-        want = len(BatchSampler(SequentialSampler(range(n)), bs, drop_last))
-        mistake = (
-            (-(-n // bs), "drop_last drops the last, smaller batch")
-            if drop_last
-            else (n // bs, "without drop_last the last, smaller batch counts too")
-        )
-        expect_number(
-            n_batches(n, bs, drop_last),
-            want,
-            f"n_batches({n}, {bs}, {drop_last})",
-            [mistake],
-            integer=True,
-            hint="n // bs full batches, plus one if some items are left over and drop_last is "
-            "False",
-        )
-
-
-@exercise
-def check_epoch_loss(epoch_loss: Callable) -> None:
-    """Exercise 2: `epoch_loss(losses, sizes)` is the mean loss over all the items of batches of
-    `sizes` with mean losses `losses`."""
-    gen = torch.Generator().manual_seed(3)
-    per_item = torch.rand(1000, generator=gen, dtype=torch.float64) * 2
-    sizes = torch.tensor([128] * 7 + [104])
-    losses = torch.stack([chunk.mean() for chunk in per_item.split(sizes.tolist())])
-    got = epoch_loss(losses.clone(), sizes.clone())
-    if isinstance(got, (int, float)) and not isinstance(got, bool):
-        got = torch.tensor(float(got), dtype=torch.float64)
-    expect_close(
-        got,
-        per_item.mean(),
-        'epoch_loss(losses, sizes)',
-        mistakes=[
-            (
-                losses.mean(),
-                "that is the mean of the batches' means: the last batch holds 104 items, not 128, "
-                "yet counts as much as the others",
-            ),
-            (
-                (losses * sizes).sum(),
-                "that is the sum of the items' losses: divide it by the number of items",
-            ),
-        ],
-        hint="weight each batch's mean loss by its size, add up, and divide by the number of items",
     )

@@ -13,10 +13,8 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from .exercises import ExerciseError, exercise, expect_close, expect_number
-
 # %% auto #0
-__all__ = ['SGD', 'Adam', 'AdamW', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step']
+__all__ = ['SGD', 'Adam', 'AdamW']
 
 # %% ../nbs/03b_optimizers.ipynb #3e978b07
 def _check(name: str, value, ok: Callable[[float], bool], rule: str, where: str) -> None:
@@ -283,105 +281,3 @@ class AdamW(Adam):
         weight_decay: float = 1e-2,
     ):
         super().__init__(params, lr, betas, eps, weight_decay)
-
-# %% ../nbs/03b_optimizers.ipynb #5588e477
-# a value worked out by hand: rounded, so right within 1e-4 and a known mistake within 1%; the right
-# value is not shown
-_BY_HAND = dict(rel_tol=1e-4, mistake_tol=1e-2, reveal=False)
-
-
-@exercise
-def check_ewma_after_three(value) -> None:
-    "Exercise 1: the EWMA (beta 0.9, from 0) of three 1.0s."
-    expect_number(
-        value,
-        1 - 0.9**3,
-        'ewma_after_three',
-        **_BY_HAND,
-        mistakes=[
-            (
-                0.9**3,
-                "that is the weight still on the starting 0; the weights on the three 1.0s add up "
-                "to the rest",
-            ),
-            (
-                0.1,
-                "that is the average after one step; each step adds (1 - beta) times the new value "
-                "to beta times the old average",
-            ),
-            (0.3, "the weights are not equal: (1 - beta) * beta**k on the value k steps back"),
-        ],
-        hint="compute it step by step: avg = 0.9 * avg + 0.1 * 1.0, three times from avg = 0",
-    )
-
-
-@exercise
-def check_rmsprop_step(rmsprop_step: Callable) -> None:
-    """Exercise 2: `rmsprop_step(p, grad, square_avg, lr, alpha, eps)` is one step of
-    torch.optim.RMSprop, in place."""
-    gen = torch.Generator().manual_seed(0)
-    start = torch.randn(6, generator=gen)
-    grads = [torch.randn(6, generator=gen) * 0.1 for _ in range(20)]
-    ref = start.clone().requires_grad_()
-    ref_opt = torch.optim.RMSprop([ref], lr=0.01, alpha=0.99, eps=1e-8, foreach=False)
-    p, square_avg = start.clone(), torch.zeros(6)
-    for i, g in enumerate(grads):
-        ref.grad = g.clone()
-        ref_opt.step()
-        result = rmsprop_step(p, g.clone(), square_avg, lr=0.01, alpha=0.99, eps=1e-8)
-        if (
-            result is not None
-            and result is not p
-            and isinstance(result, Tensor)
-            and not torch.equal(result, p)
-        ):
-            raise ExerciseError(
-                "rmsprop_step must update p in place (p.addcdiv_, or p -= ...), not return a new "
-                "tensor"
-            )
-        if i == 0:
-            expect_close(
-                square_avg,
-                ref_opt.state[ref]['square_avg'],
-                'square_avg after the first step',
-                mistakes=[
-                    (
-                        g * g,
-                        "square_avg starts at 0 and is an EWMA: alpha * square_avg + (1 - alpha) * "
-                        "grad**2",
-                    ),
-                    (g.abs() * 0.01, "the average is of the squared gradients, grad**2"),
-                ],
-            )
-    expect_close(
-        p,
-        ref.detach(),
-        'p after 20 steps',
-        hint="after updating square_avg, step p by -lr * grad / (square_avg.sqrt() + eps): eps "
-        "outside the root",
-    )
-
-# %% ../nbs/03b_optimizers.ipynb #8b0940d1
-@exercise
-def check_adam_first_step(value) -> None:
-    "Exercise 3: how much Adam (lr 0.01) moves a weight whose first gradient is 0.001."
-    lr, g, eps = 0.01, 1e-3, 1e-8
-    expect_number(
-        value,
-        -lr * g / (abs(g) + eps),
-        'adam_first_step',
-        **_BY_HAND,
-        mistakes=[
-            (lr * g / (abs(g) + eps), "Adam steps against the gradient: the change is negative"),
-            (
-                -lr * g,
-                "that is SGD's step; Adam divides by the root of the (debiased) average of g**2",
-            ),
-            (
-                -lr * 0.1 * g / (math.sqrt(0.001) * abs(g) + eps),
-                "that is without bias correction: divide m by 1 - 0.9 and v by 1 - 0.999 first",
-            ),
-        ],
-        hint="after one step m = 0.1 * g and v = 0.001 * g**2; debias both, then step by -lr * "
-        "m_hat / (sqrt(v_hat) + eps)",
-    )

@@ -5,11 +5,9 @@
 # %% ../nbs/07_progress.ipynb #86ffb279
 from __future__ import annotations
 
-from typing import Callable
 
 from fastprogress.fastprogress import format_time
 
-from .exercises import ExerciseError, exercise, expect_number
 from .callbacks import AvgStatsCallback, Callback
 from .terminal import DISPLAYS, in_jupyter, progress_display
 from .terminal import batches_bar, close_bar, epochs_bar, update_bar
@@ -18,8 +16,7 @@ from .terminal import batches_bar, close_bar, epochs_bar, update_bar
 _all_ = ['DISPLAYS', 'in_jupyter', 'progress_display']
 
 # %% auto #0
-__all__ = ['format_stat', 'format_row', 'ProgressCallback', 'check_eta', 'check_redrawn_line', 'DISPLAYS', 'in_jupyter',
-           'progress_display']
+__all__ = ['format_stat', 'format_row', 'ProgressCallback', 'DISPLAYS', 'in_jupyter', 'progress_display']
 
 # %% ../nbs/07_progress.ipynb #4f57c3b0
 def format_stat(name: str, value) -> str:
@@ -104,49 +101,3 @@ class ProgressCallback(Callback):
         if self.mbar is not None:
             self.mbar.on_iter_end()
         self.mbar = self.pbar = None
-
-# %% ../nbs/07_progress.ipynb #bd9e17b8
-@exercise
-def check_eta(eta: Callable) -> None:
-    """Exercise 1: `eta(elapsed, done, total)` is the seconds left when `done` of `total` batches
-    took `elapsed` seconds."""
-    for elapsed, done, total in [(10.0, 5, 20), (3.0, 1, 4), (7.5, 30, 30), (0.6, 3, 100)]:
-        expect_number(
-            eta(elapsed, done, total),
-            elapsed / done * (total - done),
-            f"eta({elapsed}, {done}, {total})",
-            [(elapsed / done * total, "that is the time of the whole pass: subtract what is done")],
-            rel_tol=1e-9,
-            abs_tol=1e-9,
-            hint="the average time per batch so far, times the batches still to go",
-        )
-
-
-@exercise
-def check_redrawn_line(redrawn_line: Callable) -> None:
-    "Exercise 2: `redrawn_line(raw)` is what a terminal shows for a line with '\\r's in it."
-    for raw, want in [
-        ('abc', 'abc'),
-        ('abc\rX', 'Xbc'),
-        ('12% |##  |\r50% |####|', '50% |####|'),
-        ('Epoch 1/3 : 10%\r\r   \r', '   ch 1/3 : 10%'),
-        ('loss 0.25\rloss 1\r', 'loss 1.25'),
-    ]:
-        got = redrawn_line(raw)
-        if not isinstance(got, str):
-            raise ExerciseError(f"redrawn_line({raw!r}) should be a string, got {got!r}")
-        if got == want:
-            continue
-        parts = raw.split('\r')
-        # the last part alone, or the last that is not empty
-        if got in (parts[-1], [p for p in parts if p][-1]):
-            raise ExerciseError(
-                f"redrawn_line({raw!r}) is {got!r}, should be {want!r}: '\\r' does not erase the "
-                "line, "
-                "so where the new text is shorter the end of the old one still shows"
-            )
-        raise ExerciseError(
-            f"redrawn_line({raw!r}) is {got!r}, should be {want!r}. Hint: split at '\\r'; each "
-            "part "
-            "overwrites the start of what the line shows so far"
-        )

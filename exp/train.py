@@ -22,7 +22,6 @@ from .cnn import DeviceCallback, Lambda, default_device, flatten, get_cnn_model,
 from .data import DATASETS, KNOWN_DATA, MAX_SEED, CommandLine, DownloadError, get_data
 from .data import normalize, remove_stale_parts, set_seed
 from .distributed import DistributedError, shutdown  # it also adds Learner.to_distributed
-from .exercises import ExerciseError, exercise
 from .learner import SaveModelCallback
 from .loss import accuracy
 from .minibatch import Dataset, get_dls
@@ -40,9 +39,8 @@ _all_ += ['RunFolderError', 'RunClaim', 'claim_run_folder', 'find_run', 'Stopped
 # %% auto #0
 __all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'ONE_CYCLE', 'RUN_OPTIONS', 'MAX_CLASSES', 'TrainConfig', 'check_config',
            'load_databunch', 'build_model', 'resolve_fp16', 'build_learner', 'read_run_config', 'resumed_config',
-           'Trainer', 'make_parser', 'main', 'check_cycle_lrs', 'check_partial_folder', 'CHECKPOINT', 'PARTIAL',
-           'LOCK_GRACE', 'TRACEBACK', 'partial_folder', 'check_out', 'RunFolderError', 'RunClaim', 'claim_run_folder',
-           'find_run', 'Stopped']
+           'Trainer', 'make_parser', 'main', 'CHECKPOINT', 'PARTIAL', 'LOCK_GRACE', 'TRACEBACK', 'partial_folder',
+           'check_out', 'RunFolderError', 'RunClaim', 'claim_run_folder', 'find_run', 'Stopped']
 
 # %% ../nbs/A3b_train.ipynb #3a673a38
 ARCHS = ('mlp', 'cnn', 'simple_cnn')
@@ -508,66 +506,3 @@ def main(argv: list[str] | None = None) -> None:
 # run as a command (a notebook's kernel is __main__ too, with no file)
 if __name__ == '__main__' and '__file__' in globals():
     main()
-
-# %% ../nbs/A3b_train.ipynb #9453e554
-def _lr_pair(got, what: str) -> tuple[float, float]:
-    "`got` as a pair of floats; else an ExerciseError naming `what`."
-    if not (
-        isinstance(got, (tuple, list))
-        and len(got) == 2
-        and all(isinstance(v, Real) and not isinstance(v, bool) for v in got)
-    ):
-        raise ExerciseError(f"{what} should be a tuple of two numbers (first, last), got {got!r}")
-    return float(got[0]), float(got[1])
-
-
-@exercise
-def check_cycle_lrs(cycle_lrs) -> None:
-    """Exercise 1: `cycle_lrs(max_lr)` is `(first, last)`, the lrs at which the trainer's one-cycle
-    starts and ends."""
-    div, final = ONE_CYCLE['div_factor'], ONE_CYCLE['final_div']
-    mistakes = [
-        (
-            lambda lr: (lr / 25, lr / 25e4),
-            "that is fastai's default (div_factor 25); the trainer's is ONE_CYCLE",
-        ),
-        (
-            lambda lr: (lr / div, lr / div / final),
-            "final_div divides the peak lr, not the first one",
-        ),
-        (lambda lr: (lr * div, lr * final), "the schedule starts and ends below its peak: divide"),
-    ]
-    for max_lr in (0.1, 0.03, 2.0):
-        what = f"cycle_lrs({max_lr})"
-        got, want = _lr_pair(cycle_lrs(max_lr), what), (max_lr / div, max_lr / final)
-        if all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, want)):
-            continue
-        for wrong, hint in mistakes:
-            if all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, wrong(max_lr))):
-                raise ExerciseError(f"{what} = {got}: {hint}")
-        raise ExerciseError(
-            f"{what} = {got}, should be ({want[0]:g}, {want[1]:g}). Hint: look at ONE_CYCLE and at "
-            "what "
-            "fit_one_cycle's div_factor and final_div divide"
-        )
-
-
-@exercise
-def check_partial_folder(partial_name) -> None:
-    """Exercise 2: `partial_name(out)` is the Path that the run of run folder `out` is written into
-    until it is finished."""
-    for out in ('runs/mlp', 'runs/mnist.v2', 'a/b/c'):
-        got, want = partial_name(out), partial_folder(out)
-        if not isinstance(got, Path):
-            raise ExerciseError(f"partial_name({out!r}) should be a Path, got {type(got).__name__}")
-        if got == want:
-            continue
-        if got == Path(out).with_suffix(PARTIAL):
-            raise ExerciseError(
-                f"partial_name({out!r}) is {str(got)!r}: with_suffix replaces the '.v2' of a name; "
-                "add to the name instead"
-            )
-        raise ExerciseError(
-            f"partial_name({out!r}) is {str(got)!r}, should be {str(want)!r}. Hint: PARTIAL after "
-            "the folder's name"
-        )

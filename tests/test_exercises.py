@@ -12,13 +12,13 @@ import torch
 from torch import nn
 
 import exp.backprop
-from exp.anneal import check_cos_anneal, check_one_cycle_lr
-from exp.callbacks import check_cancelled_batch, check_n_events
-from exp.loss import check_logsumexp_rows, check_nll_by_hand
-from exp.backprop import check_leaky_relu_function, check_scale_backward, check_sigmoid_backward
-from exp.data import check_idx_dims, check_normalize_valid
-from exp.fp16 import check_next_scale, check_smallest_scale
-from exp.learner import check_resume_start, check_suggest_lr
+from exp.exercises import check_cos_anneal, check_one_cycle_lr
+from exp.exercises import check_cancelled_batch, check_n_events
+from exp.exercises import check_logsumexp_rows, check_nll_by_hand
+from exp.exercises import check_leaky_relu_function, check_scale_backward, check_sigmoid_backward
+from exp.exercises import check_idx_dims, check_normalize_valid
+from exp.exercises import check_next_scale, check_smallest_scale
+from exp.exercises import check_resume_start, check_suggest_lr
 from exp.exercises import (
     ExerciseError,
     check_mse,
@@ -28,15 +28,15 @@ from exp.exercises import (
     expect_close,
     expect_number,
 )
-from exp.batchnorm import check_fold_bn, check_instance_norm, check_running_var_after
-from exp.cnn import check_conv_out_size, check_conv_params
-from exp.distributed import check_averaged_grad, check_rank_share
-from exp.early_stopping import check_lr_at, check_stopping_epoch
-from exp.hooks import check_fan_in, check_he_std, check_zero_fraction
-from exp.progress import check_eta, check_redrawn_line
-from exp.minibatch import check_epoch_loss, check_n_batches
-from exp.optimizers import check_adam_first_step, check_ewma_after_three, check_rmsprop_step
-from exp.train import check_cycle_lrs, check_partial_folder
+from exp.exercises import check_fold_bn, check_instance_norm, check_running_var_after
+from exp.exercises import check_conv_out_size, check_conv_params
+from exp.exercises import check_averaged_grad, check_rank_share
+from exp.exercises import check_lr_at, check_stopping_epoch
+from exp.exercises import check_fan_in, check_he_std, check_zero_fraction
+from exp.exercises import check_eta, check_redrawn_line
+from exp.exercises import check_epoch_loss, check_n_batches
+from exp.exercises import check_adam_first_step, check_ewma_after_three, check_rmsprop_step
+from exp.exercises import check_cycle_lrs, check_partial_folder
 
 
 def not_answered(*args, **kwargs):
@@ -1011,3 +1011,25 @@ def test_expect_number_on_its_own():
     with pytest.raises(ExerciseError, match='^v = 0.0316, should be 0.01$'):
         expect_number(0.0316, 0.01, 'v', [(0.031623, 'x')])
     expect_number(1e-12, 0.0, 'z', abs_tol=1e-9)
+
+
+def test_the_exercise_checks_are_in_exp_exercises_alone():
+    "A lesson module's __all__ lists the library only; every exercise check is in exp.exercises."
+    import importlib
+    import pkgutil
+
+    import exp
+    import exp.exercises
+
+    wrapper = exercise(lambda answer: None).__code__  # the code every check made by exercise runs
+
+    def checks(module) -> list[str]:
+        return [n for n in module.__all__ if getattr(getattr(module, n), '__code__', 0) is wrapper]
+
+    in_exercises = checks(exp.exercises)
+    assert len(in_exercises) >= 30, in_exercises
+    for info in pkgutil.iter_modules(exp.__path__):
+        if info.name in ('exercises', '_modidx') or info.ispkg:
+            continue
+        module = importlib.import_module(f'exp.{info.name}')
+        assert not checks(module), f'exp.{info.name} exports exercise checks: {checks(module)}'
