@@ -28,13 +28,24 @@ import time
 from functools import cached_property
 from pathlib import Path
 
+from tools.lessons import markdown_table
 from tools.notebooks import NBS, ROOT, is_appendix, notebooks
 
 DOCS = ROOT / 'docs'
 BENCH = ROOT / 'bench'
 # the guides in the order the table of contents shows them; a page of docs/ not named here follows
 # them in alphabetical order
-GUIDES = ('install', 'trainer', 'faults', 'distributed', 'data', 'library', 'site', 'authoring')
+GUIDES = (
+    'install',
+    'lessons',
+    'trainer',
+    'faults',
+    'distributed',
+    'data',
+    'library',
+    'site',
+    'authoring',
+)
 # the Runner's event protocol (DESIGN.md): a handler without a docstring says when it runs
 EVENT_DOCS = {
     'begin_fit': 'Runs once at the start of a fit, before the first epoch.',
@@ -459,7 +470,12 @@ def assemble(src: Path) -> list[str]:
     for name in ('conf.py', 'favicon.png', 'custom.css'):
         shutil.copy(DOCS / name, src / ('_static' if name.endswith('.css') else '') / name)
     for path in [*DOCS.glob('*.md'), *DOCS.glob('*.png')]:
-        if path.name != 'index.md':
+        if path.name == 'lessons.md':  # its table counts the notebooks as they are now
+            text = path.read_text(encoding='utf-8')
+            (src / 'docs' / path.name).write_text(
+                text.replace('{{ lesson_sizes }}', markdown_table()), encoding='utf-8'
+            )
+        elif path.name != 'index.md':
             shutil.copy(path, src / 'docs' / path.name)
     shutil.copy(BENCH / 'README.md', src / 'bench' / 'README.md')
     for path in BENCH.glob('results/*.md'):
