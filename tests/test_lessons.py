@@ -14,8 +14,6 @@ CEILINGS = {
     '03_minibatch_training': (486, 60),
     '03b_optimizers': (753, 79),
     '04_callbacks': (1109, 378),
-    '05_anneal': (599, 88),
-    '06_early_stopping': (432, 68),
     '08_cnn': (400, 81),
     '08a_hooks_init': (592, 60),
     '08b_batchnorm': (783, 60),
