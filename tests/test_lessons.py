@@ -11,8 +11,6 @@ from tools.notebooks import is_appendix, notebooks
 # notebook: (code lines, code lines through the first output), as they stand; lower them as the
 # lessons are split.
 CEILINGS = {
-    '03_minibatch_training': (486, 60),
-    '03b_optimizers': (753, 79),
     '04_callbacks': (1109, 378),
     '08_cnn': (400, 81),
     '08a_hooks_init': (592, 60),
