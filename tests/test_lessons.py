@@ -12,10 +12,7 @@ from tools.notebooks import is_appendix, notebooks
 # lessons are split.
 CEILINGS = {
     '04_callbacks': (1109, 378),
-    '08_cnn': (400, 81),
-    '08a_hooks_init': (592, 60),
     '08b_batchnorm': (783, 60),
-    '09_fp16': (764, 60),
     '12_distributed': (488, 60),
 }
 LESSONS = [nb for nb in notebooks() if not is_appendix(nb)]
