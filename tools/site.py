@@ -194,7 +194,8 @@ def constant_doc(module, name: str, seen: frozenset = frozenset()) -> str:
         if re.match(rf'{re.escape(name)}\s*(:[^=]*)?=', line):
             text = _comment(lines, i)
             return text[0].upper() + text[1:] + ('' if text.endswith('.') else '.') if text else ''
-    imports = re.findall(r'^from \.(\w+) import (?:\(([^)]*)\)|(.*)$)', source, re.M)
+    # nbdev makes a one-line import relative; one over several lines keeps `exp.` in front
+    imports = re.findall(r'^from (?:\.|exp\.)(\w+) import (?:\(([^)]*)\)|(.*)$)', source, re.M)
     for sibling, *names in imports:
         target = f'{module.__package__}.{sibling}'
         if name in re.findall(r'\w+', ' '.join(names)) and target not in seen:
@@ -307,7 +308,12 @@ def module_page(nb: Notebook, patched: dict[type, list[tuple[str, object]]]) -> 
         obj = getattr(mod, name)
         doc = describe(name, docstring(obj) if callable(obj) else constant_doc(mod, name) or '')
         UNDESCRIBED.extend([f'{nb.module}.{name}'] if not doc else [])
-        if isinstance(obj, type):
+        if home := reexported_from(nb.module, obj):
+            # documented where it is defined; here a pointer, out of the index (one target each)
+            kind = 'class' if isinstance(obj, type) else 'function'
+            note = f'Re-exported from [`{home}`]({home}.md). {_first_line(doc)}'
+            parts.append(_directive(kind, name, '', note, nb.module, options=':no-index:\n'))
+        elif isinstance(obj, type):
             kind = 'exception' if issubclass(obj, BaseException) else 'class'
             members = ''.join(
                 _member(obj, n, v, nb.module) for n, v in _own_members(obj, nb.module)
@@ -351,6 +357,14 @@ def reference_pages(nbs: list[Notebook]) -> dict[str, str]:
     return pages
 
 
+def reexported_from(modname: str, obj) -> str | None:
+    "The exp module that defines the class or function `obj`, if `modname` only re-exports it."
+    home = getattr(obj, '__module__', None)
+    if not (isinstance(obj, type) or inspect.isfunction(obj)) or not isinstance(home, str):
+        return None
+    return home if home.startswith('exp.') and home != modname else None
+
+
 def exported_names() -> set[str]:
     """Every name the package exports: each module's `__all__`, and the public methods nbdev lists
     as patched onto a class."""
@@ -358,7 +372,12 @@ def exported_names() -> set[str]:
 
     names = set()
     for modname, syms in d['syms'].items():
-        names |= {f'{modname}.{n}' for n in importlib.import_module(modname).__all__}
+        module = importlib.import_module(modname)
+        names |= {
+            f'{modname}.{n}'
+            for n in module.__all__
+            if not reexported_from(modname, getattr(module, n))
+        }
         names |= {
             s
             for s in syms
