@@ -127,7 +127,7 @@ def test_set_seed_takes_an_int64():
 # ---------------- what exp.data offered before the download code moved to exp.download
 
 # exp.data's __all__ before the split: each of them still imports from exp.data (but its exercise
-# checks, check_idx_dims and check_normalize_valid, which moved with every lesson's to exp.exercises)
+# checks, check_idx_dims and check_normalize_valid, moved with every lesson's to exp.exercises)
 OFFERED = [
     'MAX_SEED',
     'IDX_DTYPES',
