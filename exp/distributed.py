@@ -14,14 +14,15 @@ from fastcore.basics import patch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from .callbacks import AvgStatsCallback, Callback, DataBunch, Learner
+from .callbacks import AvgStatsCallback, DataBunch, Learner
 from .cnn import DeviceCallback
 from .early_stopping import LRFinder
 from .elastic import ENV_VARS, DistributedError, broadcast_model, join_group, launch
 from .elastic import rank_lines, shutdown, torchrun_env
 from .elastic import NO_BUFFER_SYNC, GradientSync, collective, distributed_error
 from .elastic import ensure_group, process_device, sync_buffers, weighted_allreduce
-from .elastic import validate_launch, validate_shards, validate_share, validate_split
+from .elastic import validate_launch, validate_shards, validate_split
+from .elastic import BatchShareSampler, DistributedBookkeeping, train_sampler
 from .fp16 import MixedPrecision
 from .minibatch import DataLoader, Sampler
 from .progress import ProgressCallback
@@ -30,13 +31,13 @@ from .progress import ProgressCallback
 import exp.learner
 
 # %% auto #0
-__all__ = ['ShardedSampler', 'BatchShareSampler', 'DistributedCallback', 'ENV_VARS', 'DistributedError', 'broadcast_model',
-           'join_group', 'launch', 'rank_lines', 'shutdown', 'torchrun_env']
+__all__ = ['ShardedSampler', 'DistributedCallback', 'ENV_VARS', 'DistributedError', 'broadcast_model', 'join_group', 'launch',
+           'rank_lines', 'shutdown', 'torchrun_env', 'BatchShareSampler']
 
 # %% ../nbs/12_distributed.ipynb #c4e7a2b1
 # built in exp.elastic, and importable from here as before
 _all_ = ['ENV_VARS', 'DistributedError', 'broadcast_model', 'join_group', 'launch']
-_all_ += ['rank_lines', 'shutdown', 'torchrun_env']
+_all_ += ['rank_lines', 'shutdown', 'torchrun_env', 'BatchShareSampler']
 # the name scripts and tests import
 _sync_buffers = sync_buffers
 
@@ -104,39 +105,12 @@ class ShardedSampler:
             f'bs {self.bs}, shuffle={self.shuffle}, epoch {self.epoch})'
         )
 
-# %% ../nbs/12_distributed.ipynb #b7a1c2d4
-class BatchShareSampler:
-    """Process `rank`'s share of each batch of `sampler`: positions rank, rank + R, ... of every
-    global batch (R processes)."""
-
-    def __init__(self, sampler: Sampler, num_replicas: int, rank: int):
-        validate_share(sampler, num_replicas, rank)  # and the last batch: one for each
-        self.sampler, self.num_replicas, self.rank = sampler, num_replicas, rank
-        # global_size: the batch the last share came from
-        self.bs, self.global_size = sampler.bs // num_replicas, None
-        # the shuffling a checkpoint keeps (DataBunch.state_dict): the global sampler's
-        self.generator = sampler.generator
-
-    def __len__(self) -> int:
-        return len(self.sampler)
-
-    def __iter__(self) -> Iterator[Tensor]:
-        for batch in self.sampler:
-            self.global_size = len(batch)
-            yield batch[self.rank :: self.num_replicas]
-
-    def __repr__(self) -> str:
-        return (
-            f'{type(self).__name__}(rank {self.rank} of {self.num_replicas}, of '
-            f'{self.sampler.n} samples in batches of {self.sampler.bs})'
-        )
-
 # %% ../nbs/12_distributed.ipynb #f07e27c1
 def _silent(row) -> None:
     "The logger of ranks other than 0: the table is rank 0's to show."
 
 
-class DistributedCallback(Callback):
+class DistributedCallback(DistributedBookkeeping):
     """Data-parallel training: DDP in training, the plain model in validation, statistics summed
     over ranks, output on rank 0."""
 
@@ -144,14 +118,6 @@ class DistributedCallback(Callback):
     run_after = (DeviceCallback, ProgressCallback)
     # sums summed before the row is made; weights broadcast before the masters
     run_before = (AvgStatsCallback, MixedPrecision)
-
-    def __init__(self, rank: int, world_size: int, device_ids: list[int] | None = None):
-        self.rank, self.world_size, self.device_ids = rank, world_size, device_ids
-        self.module = self.ddp = self.stats = None
-        self.sync = GradientSync()
-
-    def __repr__(self) -> str:
-        return f'{type(self).__name__}(rank {self.rank} of {self.world_size})'
 
     def begin_fit(self):
         if self.run.find(LRFinder) is not None:
@@ -184,72 +150,12 @@ class DistributedCallback(Callback):
         if self.ddp is not None:
             self.learn.model = self.ddp
 
-    def begin_batch(self):
-        if not self.run.in_train:
-            return
-        sampler = getattr(self.data.train_dl, 'sampler', None)
-        total = getattr(sampler, 'global_size', None)  # the global batch this batch is a share of
-        self.sync.weight = len(self.run.yb) / total if total else 1 / self.world_size
-        if self.buffers:
-            sync_buffers(self.module)
-
-    def after_backward(self):
-        if self.sync.error is None:
-            return
-        e, self.sync.error = self.sync.error, None
-        batch = self.run.n_iter - self.epoch * len(self.data.train_dl)
-        raise distributed_error(
-            f"the gradient all-reduce (DDP, in backward) of epoch {self.epoch}, batch {batch}", e
-        ) from e
-
-    def begin_validate(self):
-        self.learn.model = self.module
-
-    def _reduce(self, stats) -> None:
-        "Sum an AvgStats' loss, metric sums and count over all processes."
-        device = next(self.module.parameters()).device
-        t = torch.tensor(
-            [float(v) for v in stats.all_stats] + [stats.count], dtype=torch.float64, device=device
-        )
-        collective(f'summing the statistics of epoch {self.epoch}', dist.all_reduce, t)
-        stats.tot_loss, stats.tot_mets, stats.count = (
-            t[0].item(),
-            t[1:-1].tolist(),
-            int(t[-1].item()),
-        )
-
-    def after_epoch(self):
-        self.learn.model = self.module
-        if self.stats is None:
-            return
-        self._reduce(self.stats.train_stats)
-        self._reduce(self.stats.valid_stats)
-
-    def after_fit(self):
-        if self.module is not None:
-            self.learn.model = self.module
-        self.ddp = None  # its hooks go with it
-
 # %% ../nbs/12_distributed.ipynb #65c86236
 def _shard(dl: DataLoader, bs: int, rank: int, world_size: int) -> DataLoader:
     """The validation loader `dl`'s dataset through a ShardedSampler for `rank`, in order: each
     sample once."""
     sampler = ShardedSampler(dl.ds, bs, world_size, rank, shuffle=False, even=False)
     return DataLoader(dl.ds, sampler, collate_fn=dl.collate_fn, batch_index=dl.batch_index)
-
-
-def _train_sampler(dl) -> Sampler:
-    """The Sampler of the training loader `dl` (inside its BatchShareSampler, if it has been shared
-    before)."""
-    sampler = getattr(dl, 'sampler', None)
-    if isinstance(sampler, BatchShareSampler):
-        sampler = sampler.sampler
-    if not isinstance(dl, DataLoader) or not isinstance(sampler, Sampler):
-        raise TypeError(
-            "to_distributed shares the batches of an exp.minibatch DataLoader with a Sampler; got "
-            f"{type(dl).__name__}"
-        )
-    return sampler
 
 
 def _valid_bs(dl) -> int:
@@ -273,7 +179,7 @@ def to_distributed(
     # every refusal comes before joining: one clear error in every process, not a hang
     env = validate_launch(timeout, seed)
     rank, local_rank, world = env['rank'], env['local_rank'], env['world_size']
-    sampler, valid_bs = _train_sampler(self.data.train_dl), _valid_bs(self.data.valid_dl)
+    sampler, valid_bs = train_sampler(self.data.train_dl), _valid_bs(self.data.valid_dl)
     validate_split(sampler.bs, len(self.data.train_ds), world)
     # raises if the last batch is too small
     train_dl = DataLoader(

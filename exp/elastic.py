@@ -16,22 +16,22 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .callbacks import Learner
+from .callbacks import Callback, Learner
 from .cnn import DeviceCallback
-from .minibatch import Sampler
+from .minibatch import DataLoader, Sampler
 
 # %% auto #0
 __all__ = ['ENV_VARS', 'NO_BUFFER_SYNC', 'launch', 'rank_lines', 'DistributedError', 'torchrun_env', 'distributed_error',
            'collective', 'shutdown', 'broadcast_model', 'GradientSync', 'weighted_allreduce', 'sync_buffers',
            'join_group', 'validate_shards', 'validate_share', 'validate_launch', 'validate_split', 'process_device',
-           'ensure_group']
+           'ensure_group', 'BatchShareSampler', 'train_sampler', 'DistributedBookkeeping']
 
 # %% ../nbs/A6_elastic.ipynb #3527af55
 def launch(
@@ -386,3 +386,103 @@ def ensure_group(backend: str, timeout: float, device: torch.device, rank: int, 
         raise RuntimeError(
             f"a process group of {dist.get_world_size()} is already set up; torchrun's says {world}"
         )
+
+# %% ../nbs/A6_elastic.ipynb #a6e1b002
+class BatchShareSampler:
+    """Process `rank`'s share of each batch of `sampler`: positions rank, rank + R, ... of every
+    global batch (R processes)."""
+
+    def __init__(self, sampler: Sampler, num_replicas: int, rank: int):
+        validate_share(sampler, num_replicas, rank)  # and the last batch: one for each
+        self.sampler, self.num_replicas, self.rank = sampler, num_replicas, rank
+        # global_size: the batch the last share came from
+        self.bs, self.global_size = sampler.bs // num_replicas, None
+        # the shuffling a checkpoint keeps (DataBunch.state_dict): the global sampler's
+        self.generator = sampler.generator
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        for batch in self.sampler:
+            self.global_size = len(batch)
+            yield batch[self.rank :: self.num_replicas]
+
+    def __repr__(self) -> str:
+        return (
+            f'{type(self).__name__}(rank {self.rank} of {self.num_replicas}, of '
+            f'{self.sampler.n} samples in batches of {self.sampler.bs})'
+        )
+
+
+def train_sampler(dl) -> Sampler:
+    """The Sampler of the training loader `dl` (inside its BatchShareSampler, if it has been shared
+    before)."""
+    sampler = getattr(dl, 'sampler', None)
+    if isinstance(sampler, BatchShareSampler):
+        sampler = sampler.sampler
+    if not isinstance(dl, DataLoader) or not isinstance(sampler, Sampler):
+        raise TypeError(
+            "to_distributed shares the batches of an exp.minibatch DataLoader with a Sampler; got "
+            f"{type(dl).__name__}"
+        )
+    return sampler
+
+
+class DistributedBookkeeping(Callback):
+    """What a data-parallel callback keeps track of: each share's weight, the buffers, DDP's
+    errors and the statistics summed over ranks."""
+
+    def __init__(self, rank: int, world_size: int, device_ids: list[int] | None = None):
+        self.rank, self.world_size, self.device_ids = rank, world_size, device_ids
+        self.module = self.ddp = self.stats = None
+        self.sync = GradientSync()
+
+    def __repr__(self) -> str:
+        return f'{type(self).__name__}(rank {self.rank} of {self.world_size})'
+
+    def begin_batch(self):
+        if not self.run.in_train:
+            return
+        sampler = getattr(self.data.train_dl, 'sampler', None)
+        total = getattr(sampler, 'global_size', None)  # the global batch this batch is a share of
+        self.sync.weight = len(self.run.yb) / total if total else 1 / self.world_size
+        if self.buffers:
+            sync_buffers(self.module)
+
+    def after_backward(self):
+        if self.sync.error is None:
+            return
+        e, self.sync.error = self.sync.error, None
+        batch = self.run.n_iter - self.epoch * len(self.data.train_dl)
+        raise distributed_error(
+            f"the gradient all-reduce (DDP, in backward) of epoch {self.epoch}, batch {batch}", e
+        ) from e
+
+    def begin_validate(self):
+        self.learn.model = self.module
+
+    def _reduce(self, stats) -> None:
+        "Sum an AvgStats' loss, metric sums and count over all processes."
+        device = next(self.module.parameters()).device
+        t = torch.tensor(
+            [float(v) for v in stats.all_stats] + [stats.count], dtype=torch.float64, device=device
+        )
+        collective(f'summing the statistics of epoch {self.epoch}', dist.all_reduce, t)
+        stats.tot_loss, stats.tot_mets, stats.count = (
+            t[0].item(),
+            t[1:-1].tolist(),
+            int(t[-1].item()),
+        )
+
+    def after_epoch(self):
+        self.learn.model = self.module
+        if self.stats is None:
+            return
+        self._reduce(self.stats.train_stats)
+        self._reduce(self.stats.valid_stats)
+
+    def after_fit(self):
+        if self.module is not None:
+            self.learn.model = self.module
+        self.ddp = None  # its hooks go with it
