@@ -6,11 +6,7 @@
 __all__ = ['BatchNorm1d', 'BatchNorm2d', 'LayerNorm', 'GroupNorm', 'RunningBatchNorm', 'build_kernel']
 
 # %% ../nbs/08b_batchnorm.ipynb #5801b6dc
-from . import norms
 from .kernels import build_kernel, kernel_batch_norm, kernel_fits
 from .norms import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm, RunningBatchNorm
 
 _all_ = ['BatchNorm1d', 'BatchNorm2d', 'LayerNorm', 'GroupNorm', 'RunningBatchNorm', 'build_kernel']
-# the autograd Function the layers train with, still at the address code imported it from before the
-# layers moved to exp.norms (the benchmark times it)
-_BatchNormFunction = norms._BatchNormFunction
