@@ -185,8 +185,16 @@ def load_databunch(data: str = 'mnist5k', bs: int = 32) -> DataBunch:
             f"{where}: a valid label is {int(y_valid.max())}, outside the train labels' 0 to "
             f"{c - 1}"
         )
+    missing = sorted(set(range(c)) - set(y_train.unique().tolist()))
+    if missing:  # one stray label (255 among 0-9) would make a model of 256 classes
+        shown = ', '.join(map(str, missing[:5])) + (', ...' if len(missing) > 5 else '')
+        raise ValueError(
+            f"{where}: the train labels run to {c - 1}, but {len(missing)} class(es) below it "
+            f"never appear ({shown}): a stray label?"
+        )
     mean, std = x_train.mean(), x_train.std()
-    if not std > 0:
+    # max == min is exact where a float32 std of one repeated value can come out at 5.6e-9
+    if not std > 0 or bool(x_train.max() == x_train.min()):
         raise ValueError(f"{where}: every train pixel has the same value: nothing to learn")
     # (N, 1, H, W): H and W from the IDX header
     train_ds = Dataset(normalize(x_train, mean, std).unsqueeze(1), y_train)

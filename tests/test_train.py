@@ -280,6 +280,13 @@ def make_bad_args(work: Path, mlp_run: Path, partial: Path) -> dict:
         work / 'negative', labels=(torch.arange(64) % 3 - 1, torch.arange(16) % 3), dtype=torch.int8
     )
     idx_folder(work / 'outside', labels=(torch.arange(64) % 3, torch.arange(16) % 5))
+    stray = torch.arange(64) % 10
+    stray[5] = 255
+    idx_folder(work / 'stray', labels=(stray, torch.arange(16) % 10))
+    # one pixel value everywhere: float32's std of it comes out at 3.7e-9, not 0
+    write_idx(
+        idx_folder(work / 'flat') / IDX_FILES[0], torch.full((64, 20, 20), 5, dtype=torch.uint8)
+    )
     idx_folder(
         work / 'huge',
         labels=(torch.full((64,), 2**31 - 1), torch.arange(16) % 3),
@@ -307,6 +314,11 @@ def make_bad_args(work: Path, mlp_run: Path, partial: Path) -> dict:
             ['--data', 'outside'],
             "a valid label is 4, outside the train labels' 0 to 2",
         ),
+        'a stray label': (
+            ['--data', 'stray'],
+            'the train labels run to 255, but 245 class(es) below it never appear (10, 11, 12',
+        ),
+        'one pixel value': (['--data', 'flat'], 'every train pixel has the same value'),
         'a huge label': (
             ['--data', 'huge'],
             'a train label is 2147483647: more than 10,000 classes',
@@ -364,6 +376,8 @@ BAD_CASES = [
     'an empty split',
     'a negative label',
     'a valid label outside the train labels',
+    'a stray label',
+    'one pixel value',
     'a huge label',
     'unknown arch',
     'unknown fp16 mode',
