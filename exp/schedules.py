@@ -56,32 +56,71 @@ def _axes(ax: _Axes | None) -> _Axes:
     return plt.subplots(figsize=(6, 4))[1] if ax is None else ax
 
 
+_NOTED: set[str] = set()
+
+
+def _note_figure(name: str, file: str) -> None:
+    """Say once, in a script, where the figure `name` drew went (pyplot shows nothing unless told
+    to), suggesting `file` to save it in."""
+    import sys
+
+    ipython = sys.modules.get('IPython')
+    if name in _NOTED or (ipython is not None and ipython.get_ipython() is not None):
+        return  # a notebook shows the figure it returns
+    _NOTED.add(name)
+    print(
+        f"{name}() returned its figure: save it with .savefig('{file}'), "
+        "or show it with matplotlib.pyplot.show()",
+        file=sys.stderr,
+    )
+
+
 class Recorder(Callback):
-    """Records the learning rate of each parameter group and the loss at every training batch, and
-    plots them."""
+    """Records the learning rate of each parameter group and the loss at every training batch, the
+    validation loss of each epoch, and plots them."""
 
     def __init__(self):
-        self.lrs, self.losses = [], []
+        self.lrs, self.losses, self.valid_losses, self.valid_at = [], [], [], []
+        self._valid_sum, self._valid_count = 0.0, 0
 
     def begin_fit(self):
         self.lrs: list[list[float]] = [[] for _ in self.opt.param_groups]
         self.losses: list[torch.Tensor] = []
+        # each epoch's validation loss (the mean over its samples), and how many training batches
+        # had run when it was measured: where the plot puts it
+        self.valid_losses: list[float] = []
+        self.valid_at: list[int] = []
+        self._valid_sum, self._valid_count = 0.0, 0
+
+    def begin_validate(self):
+        self._valid_sum, self._valid_count = 0.0, 0
 
     def after_loss(self):
         run = self.run  # read directly at every batch: see "Making it fast"
         if not run.in_train:
+            n = len(run.yb)
+            self._valid_sum = self._valid_sum + run.loss.detach() * n
+            self._valid_count += n
             return
         for lrs, pg in zip(self.lrs, run.learn.opt.param_groups):
             lrs.append(pg['lr'])
         self.losses.append(run.loss.detach())
 
+    def after_epoch(self):
+        if self._valid_count:
+            self.valid_losses.append(float(self._valid_sum / self._valid_count))
+            self.valid_at.append(len(self.losses))
+        self._valid_count = 0
+
     def state_dict(self) -> dict:
-        """What it recorded, for a checkpoint: the lrs of each group (float64) and the losses
-        (fp32), as tensors on the CPU."""
+        """What it recorded, for a checkpoint: the lrs of each group (float64), the losses (fp32),
+        as tensors on the CPU, and each epoch's validation loss with its batch."""
         losses = torch.stack(self.losses).float().cpu() if self.losses else torch.zeros(0)
         return {
             'lrs': [torch.tensor(lrs, dtype=torch.float64) for lrs in self.lrs],
             'losses': losses,
+            'valid_losses': torch.tensor(self.valid_losses, dtype=torch.float64),
+            'valid_at': torch.tensor(self.valid_at, dtype=torch.int64),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -105,7 +144,23 @@ class Recorder(Callback):
                 f"the checkpoint recorded {len(lrs)} parameter groups; this optimizer has "
                 f"{len(self.lrs)}"
             )
+        # checkpoints written before the validation losses were recorded hold none
+        valid = state.get('valid_losses', torch.zeros(0, dtype=torch.float64))
+        at = state.get('valid_at', torch.zeros(0, dtype=torch.int64))
+        if (
+            not isinstance(valid, torch.Tensor)
+            or not isinstance(at, torch.Tensor)
+            or valid.shape != at.shape
+            or valid.ndim != 1
+            or at.is_floating_point()
+            or bool((at < 0).any() | (at > len(losses)).any())
+        ):
+            raise ValueError(
+                "a Recorder state's 'valid_losses' and 'valid_at' are two tensors of one value "
+                f"per epoch, the batches counted within the losses; got {valid!r} and {at!r}"
+            )
         self.lrs, self.losses = [l.tolist() for l in lrs], list(losses.unbind())
+        self.valid_losses, self.valid_at = valid.tolist(), at.tolist()
 
     def _check_recorded(self) -> None:
         if not self.losses:
@@ -129,24 +184,39 @@ class Recorder(Callback):
 
     def plot_lr(self, pgid: int = -1, ax: _Axes | None = None) -> _Figure:
         "The learning rate of parameter group `pgid` at each training batch; returns the figure."
-        ax = _axes(ax)
+        ax, new = _axes(ax), ax is None
         ax.plot(self._lrs(pgid))
-        ax.set(xlabel='training batch', ylabel='learning rate')
+        ax.set(title='Learning rate', xlabel='training batch', ylabel='learning rate')
+        if new:
+            _note_figure('recorder.plot_lr', 'lr.png')
         return ax.figure
 
     def plot_loss(self, skip_last: int = 0, ax: _Axes | None = None) -> _Figure:
-        "The loss at each training batch, without the last `skip_last`; returns the figure."
-        ax = _axes(ax)
-        ax.plot([float(l) for l in self.losses[: self._kept(skip_last)]])
-        ax.set(xlabel='training batch', ylabel='loss')
+        """The loss at each training batch, without the last `skip_last`, and each epoch's
+        validation loss at the batch it was measured after; returns the figure."""
+        n, ax, new = self._kept(skip_last), _axes(ax), ax is None
+        ax.plot([float(l) for l in self.losses[:n]], label='training (each batch)')
+        if self.valid_losses:
+            ax.plot(self.valid_at, self.valid_losses, 'o-', label='validation (each epoch)')
+        ax.set(title='Loss', xlabel='training batch', ylabel='loss')
+        ax.legend()
+        if new:
+            _note_figure('recorder.plot_loss', 'loss.png')
         return ax.figure
 
     def plot(self, skip_last: int = 0, pgid: int = -1, ax: _Axes | None = None) -> _Figure:
         """The loss against the learning rate of group `pgid` (log scale), without the last
         `skip_last` batches."""
-        n, ax = self._kept(skip_last), _axes(ax)
+        n, ax, new = self._kept(skip_last), _axes(ax), ax is None
         ax.plot(self._lrs(pgid)[:n], [float(l) for l in self.losses[:n]])
-        ax.set(xscale='log', xlabel='learning rate (log scale)', ylabel='loss')
+        ax.set(
+            title='Loss against learning rate',
+            xscale='log',
+            xlabel='learning rate (log scale)',
+            ylabel='loss',
+        )
+        if new:
+            _note_figure('recorder.plot', 'lr_find.png')
         return ax.figure
 
 # %% ../nbs/A10_schedules.ipynb #ea256715

@@ -2,6 +2,8 @@
 Recorder, one-cycle."""
 
 import math
+import subprocess
+import sys
 from functools import partial
 
 import matplotlib
@@ -448,8 +450,11 @@ def test_recorder_counts_and_losses():
             eps=1e-6,
         )
     assert not any(l.requires_grad for l in rec.losses)
+    # each epoch's validation loss, as AvgStats measures it, after that epoch's training batches
+    ft.test_close(rec.valid_losses, [h['valid_loss'] for h in run.avg_stats.history], eps=1e-6)
+    ft.test_eq(rec.valid_at, [3, 6])
     run.fit(1, learn)  # a new fit starts a new record
-    ft.test_eq(len(rec.losses), 3)
+    ft.test_eq((len(rec.losses), rec.valid_at), (3, [3]))
 
 
 def test_recorder_state_round_trip_and_checks():
@@ -464,6 +469,20 @@ def test_recorder_state_round_trip_and_checks():
     again.load_state_dict(state)
     ft.test_eq(again.lrs, rec.lrs)
     ft.test_eq(torch.stack(again.losses), torch.stack(rec.losses))
+    ft.test_eq((again.valid_losses, again.valid_at), (rec.valid_losses, rec.valid_at))
+    ft.test_eq(len(rec.valid_at), 2)
+    # a state written before the validation losses were recorded loads, with none
+    older = Recorder()
+    older.load_state_dict({'lrs': state['lrs'], 'losses': state['losses']})
+    ft.test_eq((older.valid_losses, older.valid_at, len(older.losses)), ([], [], 6))
+    for bad in (
+        {'valid_at': torch.tensor([3])},  # one epoch's batch, two losses
+        {'valid_at': torch.tensor([3.0, 6.0])},
+        {'valid_at': torch.tensor([3, 7])},  # past the recorded batches
+        {'valid_losses': [0.5, 0.4]},
+    ):
+        with pytest.raises(ValueError, match="'valid_losses' and 'valid_at'"):
+            Recorder().load_state_dict({**state, **bad})
     with pytest.raises(ValueError, match="holds 'lrs'"):
         again.load_state_dict({'lrs': state['lrs'], 'losses': torch.zeros(2)})
     two_groups = Recorder()
@@ -496,7 +515,17 @@ def test_recorder_plots():
     fig = rec.plot_lr()
     ft.test_eq(list(fig.axes[0].lines[0].get_ydata()), rec.lrs[0])
     fig = rec.plot_loss(skip_last=2)
-    ft.test_eq(len(fig.axes[0].lines[0].get_ydata()), 4)
+    ax = fig.axes[0]
+    ft.test_eq(len(ax.lines[0].get_ydata()), 4)
+    # the validation loss of each epoch, where its training batches end, and a title
+    ft.test_eq(list(ax.lines[1].get_xdata()), rec.valid_at)
+    ft.test_eq(list(ax.lines[1].get_ydata()), rec.valid_losses)
+    ft.test_eq(len(rec.valid_losses), 3)
+    ft.test_eq(
+        [ax.get_title(), ax.get_xlabel(), [t.get_text() for t in ax.get_legend().get_texts()]],
+        ['Loss', 'training batch', ['training (each batch)', 'validation (each epoch)']],
+    )
+    ft.test_eq(rec.plot_lr().axes[0].get_title(), 'Learning rate')
     fig = rec.plot(skip_last=1)
     ax = fig.axes[0]
     ft.test_eq(ax.get_xscale(), 'log')
@@ -505,12 +534,35 @@ def test_recorder_plots():
     import matplotlib.pyplot as plt
 
     fig, (a, b) = plt.subplots(1, 2)
-    assert rec.plot_lr(ax=a) is fig and rec.plot_loss(ax=b) is fig and len(b.lines) == 1
+    assert rec.plot_lr(ax=a) is fig and rec.plot_loss(ax=b) is fig and len(b.lines) == 2
     with pytest.raises(ValueError, match='skip_last must be >= 0, got -1'):
         rec.plot(skip_last=-1)
     with pytest.raises(ValueError, match='pgid must index one of the 1 parameter groups, got 1'):
         rec.plot_lr(pgid=1)
     plt.close('all')
+
+
+def test_recorder_plots_say_where_the_figure_went_in_a_script():
+    # a script (no IPython) draws on a figure pyplot never shows: one line, once, says what to do
+    script = (
+        'import matplotlib; matplotlib.use("Agg")\n'
+        'from exp.schedules import Recorder\n'
+        'import torch\n'
+        'rec = Recorder(); rec.lrs, rec.losses = [[0.1, 0.2]], [torch.tensor(1.0)] * 2\n'
+        'fig = rec.plot_loss(); rec.plot_loss(); rec.plot_lr()\n'
+        'print(type(fig).__name__)\n'
+    )
+    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, check=True)
+    ft.test_eq(out.stdout, 'Figure\n')
+    ft.test_eq(
+        out.stderr.splitlines(),
+        [
+            "recorder.plot_loss() returned its figure: save it with .savefig('loss.png'), "
+            'or show it with matplotlib.pyplot.show()',
+            "recorder.plot_lr() returned its figure: save it with .savefig('lr.png'), "
+            'or show it with matplotlib.pyplot.show()',
+        ],
+    )
 
 
 # ---------------- one cycle
