@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['ExerciseError', 'exercise', 'expect_close', 'expect_number', 'check_relu', 'check_mse', 'check_one_hot', 'check_idx_dims', 'check_normalize_valid', 'check_logsumexp_rows', 'check_nll_by_hand', 'check_sigmoid_backward', 'check_scale_backward', 'check_leaky_relu_function', 'check_n_batches', 'check_epoch_loss', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step', 'check_n_events', 'check_cancelled_batch', 'check_cos_anneal', 'check_one_cycle_lr', 'check_lr_at', 'check_stopping_epoch', 'check_eta', 'check_redrawn_line', 'check_conv_out_size', 'check_conv_params', 'check_he_std', 'check_zero_fraction', 'check_fan_in', 'check_instance_norm', 'check_fold_bn', 'check_running_var_after', 'check_next_scale', 'check_smallest_scale', 'check_resume_start', 'check_suggest_lr', 'check_rank_share', 'check_averaged_grad', 'check_cycle_lrs', 'check_partial_folder']
+__all__ = ['ExerciseError', 'exercise', 'expect_close', 'expect_number', 'check_relu', 'check_mse', 'check_one_hot', 'check_idx_dims', 'check_normalize_valid', 'check_logsumexp_rows', 'check_nll_by_hand', 'check_sigmoid_backward', 'check_scale_backward', 'check_leaky_relu_function', 'check_n_batches', 'check_epoch_loss', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step', 'check_n_events', 'check_cancelled_batch', 'check_cos_anneal', 'check_one_cycle_lr', 'check_lr_at', 'check_stopping_epoch', 'check_eta', 'check_redrawn_line', 'check_conv_out_size', 'check_conv_params', 'check_he_std', 'check_zero_fraction', 'check_fan_in', 'check_instance_norm', 'check_fold_bn', 'check_running_var_after', 'check_next_scale', 'check_smallest_scale', 'check_resume_start', 'check_suggest_lr', 'check_rank_share', 'check_averaged_grad', 'check_cycle_lrs', 'check_partial_folder', 'check_lin_grads', 'check_ce_grad', 'check_reused_grad', 'check_value_tanh']
 
 # %% ../nbs/00_exercises.ipynb #4ac8ecb2
 class ExerciseError(AssertionError):
@@ -1579,3 +1579,200 @@ def check_partial_folder(partial_name) -> None:
             f"partial_name({out!r}) is {str(got)!r}, should be {str(want)!r}. Hint: PARTIAL after "
             "the folder's name"
         )
+
+# %% ../nbs/A7_exercise_checks.ipynb #630ef4fa
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #cc0cd448
+def _vjp(f: Callable[[Tensor], Tensor], x: Tensor, out_g: Tensor) -> Tensor:
+    "The gradient with respect to `x` of a loss whose gradient with respect to `f(x)` is `out_g`."
+    x = x.detach().clone().requires_grad_()
+    return torch.autograd.grad(f(x), x, out_g)[0]
+
+
+@exercise
+def check_lin_grads(lin_grads: Callable[[Tensor, Tensor, Tensor], tuple]) -> None:
+    """Exercise 4 of 02b: `lin_grads(inp, w, out_g)` is `(inp_g, w_g, b_g)` for out = inp @ w + b,
+    w of shape (in, out)."""
+    gen = torch.Generator().manual_seed(0)
+    rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    for n_in, n_out in ((4, 4), (5, 3)):  # square first: there a missing transpose runs
+        inp, w, b, out_g = rand(6, n_in), rand(n_in, n_out), rand(n_out), rand(6, n_out)
+        shapes = f"inp {tuple(inp.shape)}, w {tuple(w.shape)}, out_g {tuple(out_g.shape)}"
+        try:
+            got = lin_grads(inp.clone(), w.clone(), out_g.clone())
+        except RuntimeError as e:
+            if 'shape' not in str(e) and 'size' not in str(e):
+                raise
+            raise ExerciseError(
+                f"with {shapes}, lin_grads raised: {e}. Sizes that do not line up in a product "
+                "mean a missing transpose: each gradient has the shape of what it is the "
+                "gradient of"
+            ) from None
+        if not (isinstance(got, tuple) and len(got) == 3):
+            raise ExerciseError("lin_grads should return a tuple (inp_g, w_g, b_g)")
+        inp_g, w_g, b_g = got
+        square = n_in == n_out
+        expect_close(
+            inp_g,
+            _vjp(lambda t: t @ w + b, inp, out_g),
+            f'inp_g (with {shapes})',
+            mistakes=[(out_g @ w, "a missing transpose: inp_g = out_g @ w.T")] if square else [],
+        )
+        if isinstance(w_g, Tensor) and w_g.shape == w.t().shape and not square:
+            raise ExerciseError(
+                f"w_g has shape {tuple(w_g.shape)}, w's transposed (a missing transpose): "
+                "w_g = inp.T @ out_g has w's shape"
+            )
+        n = len(inp)
+        expect_close(
+            w_g,
+            _vjp(lambda t: inp @ t + b, w, out_g),
+            f'w_g (with {shapes})',
+            mistakes=[
+                (out_g.t() @ inp, "a missing transpose: w_g = inp.T @ out_g has w's shape"),
+                (
+                    inp.t() @ out_g / n,
+                    "a mean over the batch where a sum belongs: every example adds its share "
+                    "to w's gradient (out_g already holds the loss's 1/N)",
+                ),
+            ],
+        )
+        if isinstance(b_g, Tensor) and b_g.shape == out_g.shape:
+            raise ExerciseError(
+                "b_g has one row per example: b is shared by every row, so add up the rows' "
+                "shares: out_g.sum(0)"
+            )
+        expect_close(
+            b_g,
+            _vjp(lambda t: inp @ w + t, b, out_g),
+            'b_g',
+            mistakes=[
+                (
+                    out_g.mean(0),
+                    "a mean over the batch where a sum belongs: b_g = out_g.sum(0) (out_g "
+                    "already holds the loss's 1/N)",
+                )
+            ],
+        )
+
+
+@exercise
+def check_ce_grad(ce_grad: Callable[[Tensor, Tensor], Tensor]) -> None:
+    """Exercise 5 of 02b: `ce_grad(logits, targ)` is the gradient of F.cross_entropy(logits, targ)
+    (the batch's mean) with respect to `logits`."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 5, generator=gen, dtype=torch.float64) * 2
+    targ = torch.tensor([0, 4, 1, 1, 3, 2, 0, 4])
+    n, probs, one_hot = len(targ), logits.softmax(-1), F.one_hot(targ, 5).double()
+    expect_close(
+        ce_grad(logits.clone(), targ.clone()),
+        _vjp(lambda z: F.cross_entropy(z, targ), logits, torch.tensor(1.0, dtype=torch.float64)),
+        'ce_grad(logits, targ)',
+        mistakes=[
+            (
+                probs - one_hot,
+                f"it is N = {n} times too large: a forgotten 1/N. The loss is the mean of the N "
+                "examples' losses, so each example's gradient is divided by N",
+            ),
+            (
+                (one_hot - probs) / n,
+                "the sign: it is softmax minus one-hot (a step against it raises the right "
+                "class's logit)",
+            ),
+            (probs / n, "the one-hot labels are missing: subtract 1 at each row's target"),
+            (
+                (logits.softmax(0) - one_hot) / n,
+                "that softmax is over the batch (dim 0): take it over the classes (dim -1)",
+            ),
+            (
+                (logits.log_softmax(-1) - one_hot) / n,
+                "log_softmax where softmax belongs: the derivative of log(sum(exp(z))) with "
+                "respect to z_k is exp(z_k) / sum(exp(z))",
+            ),
+            (
+                (probs - one_hot) / probs.numel(),
+                "divided by N * C, a mean over every element: the loss is the mean of the N "
+                "examples' losses only, so divide by N",
+            ),
+        ],
+        hint="differentiate -z_y + log(sum_j exp(z_j)) with respect to z_k, then divide by N",
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #9ae7c2a8
+import math
+import torch
+from .autograd import Value
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #7cf78200
+@exercise
+def check_reused_grad(a_grad: float) -> None:
+    "Exercise 1 of 02c: `a_grad` is a.grad after a = Value(3.0); (a * a + a * 2).backward()."
+    expect_number(
+        a_grad,
+        8.0,
+        'a.grad',
+        mistakes=[
+            (5.0, "a * a uses a twice, so a gets a share from each use: 3 + 3, then 2 from a * 2"),
+            (6.0, "that is a * a's share alone (3 + 3): the share of a * 2 adds to it"),
+            (2.0, "that is a * 2's share alone: the shares add up (+=), 3 + 3 + 2"),
+            (15.0, "that is f's value: a.grad is d f / d a"),
+        ],
+        hint="d f / d a = 2a + 2",
+        reveal=False,
+    )
+
+
+@exercise
+def check_value_tanh(value_tanh: Callable[[Value], Value]) -> None:
+    """Exercise 2 of 02c: `value_tanh(v)` is a Value holding tanh(v.data), made from `v`, that
+    passes its gradient back to `v`."""
+    cases = [  # (an expression of v through `tanh`, its name, the upstream gradient, other uses')
+        (lambda v, tanh: tanh(v) * 3.0, 'tanh(v) * 3', 3.0, 0.0),
+        (lambda v, tanh: tanh(v) + v * 2.0, 'tanh(v) + v * 2', 1.0, 2.0),
+        (lambda v, tanh: v * 2.0 + tanh(v), 'v * 2 + tanh(v)', 1.0, 2.0),
+    ]
+    for x in (-1.5, 0.3, 2.0):
+        v, t = Value(x), math.tanh(x)
+        out = value_tanh(v)
+        if not isinstance(out, Value):
+            raise ExerciseError(f"value_tanh(v) should return a Value, got {type(out).__name__}")
+        if not math.isclose(out.data, t, rel_tol=1e-9):
+            raise ExerciseError(f"value_tanh(Value({x})).data is {out.data:.6g}, tanh is {t:.6g}")
+        if not any(child is v for child in out.children):
+            raise ExerciseError(
+                "the Value value_tanh returns does not record v among its children, so "
+                "backward() never reaches v: make it with Value(t, (v,), 'tanh')"
+            )
+        for f, name, up, other in cases:
+            v, tv = Value(x), torch.tensor(x, dtype=torch.float64, requires_grad=True)
+            f(v, value_tanh).backward()
+            f(tv, torch.tanh).backward()
+            expect_number(
+                v.grad,
+                tv.grad.item(),
+                f'v.grad (f = {name}, v = {x})',
+                mistakes=[
+                    (other, "nothing passed through value_tanh: set out._backward"),
+                    ((1 - t) * up + other, "the derivative of tanh is 1 - tanh**2, not 1 - tanh"),
+                    (
+                        (1 - x**2) * up + other,
+                        "1 - tanh(x)**2, not 1 - x**2: use the output t = tanh(x)",
+                    ),
+                    (
+                        (1 - t**2) + other,
+                        "the chain rule multiplies by out.grad, the gradient that reached the "
+                        "output",
+                    ),
+                    (
+                        (1 - t**2) * up,
+                        "`=` where `+=` belongs: v is used twice here, and setting v.grad wipes "
+                        "out the other use's share",
+                    ),
+                ],
+                rel_tol=1e-9,
+            )

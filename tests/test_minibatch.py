@@ -373,3 +373,25 @@ def test_flags_and_containers_are_what_they_say():
     ft.test_fail(lambda: Sampler(range(4), 2, drop_last=1), contains="drop_last must be True or")
     ft.test_fail(lambda: Dataset([1.0, 2.0], torch.tensor([0, 1])), contains="x must be a tensor")
     ft.test_fail(lambda: Dataset(torch.zeros(2, 3), [0, 1]), contains="y must be a tensor")
+
+
+# ---------------- the lesson's committed outputs
+
+
+def test_the_lesson_plots_its_first_loss_curve_and_prints_no_log_twice():
+    "03's first run of fit is followed by its labelled loss curve; no cell repeats a training log."
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / 'nbs' / '03_minibatch_training.ipynb'
+    cells = [c for c in json.loads(path.read_text())['cells'] if c['cell_type'] == 'code']
+    source = lambda c: ''.join(c['source'])
+    first_fit = next(i for i, c in enumerate(cells) if 'fit(5, model' in source(c))
+    assert 'train_losses.append' in source(cells[first_fit])
+    plot = cells[first_fit + 1]
+    assert 'ax.plot(train_losses' in source(plot) and "xlabel='batch" in source(plot)
+    assert any('image/png' in o.get('data', {}) for o in plot['outputs'])
+    for cell in cells:
+        text = ''.join(''.join(o.get('text', '')) for o in cell['outputs'])
+        lines = [line for line in text.splitlines() if line.startswith('epoch ')]
+        assert len(lines) == len(set(lines)), source(cell).splitlines()[:2]
