@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['ExerciseError', 'exercise', 'expect_close', 'expect_number', 'check_relu', 'check_mse', 'check_one_hot', 'check_idx_dims', 'check_normalize_valid', 'check_logsumexp_rows', 'check_nll_by_hand', 'check_sigmoid_backward', 'check_scale_backward', 'check_leaky_relu_function', 'check_n_batches', 'check_epoch_loss', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step', 'check_n_events', 'check_cancelled_batch', 'check_cos_anneal', 'check_one_cycle_lr', 'check_lr_at', 'check_stopping_epoch', 'check_eta', 'check_redrawn_line', 'check_conv_out_size', 'check_conv_params', 'check_he_std', 'check_zero_fraction', 'check_fan_in', 'check_instance_norm', 'check_fold_bn', 'check_running_var_after', 'check_next_scale', 'check_smallest_scale', 'check_resume_start', 'check_suggest_lr', 'check_rank_share', 'check_averaged_grad', 'check_cycle_lrs', 'check_partial_folder', 'check_lin_grads', 'check_ce_grad', 'check_reused_grad', 'check_value_tanh']
+__all__ = ['ExerciseError', 'exercise', 'expect_close', 'expect_number', 'check_relu', 'check_mse', 'check_one_hot', 'check_idx_dims', 'check_normalize_valid', 'check_logsumexp_rows', 'check_nll_by_hand', 'check_sigmoid_backward', 'check_scale_backward', 'check_leaky_relu_function', 'check_n_batches', 'check_epoch_loss', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step', 'check_n_events', 'check_cancelled_batch', 'check_cos_anneal', 'check_one_cycle_lr', 'check_lr_at', 'check_stopping_epoch', 'check_eta', 'check_redrawn_line', 'check_conv_out_size', 'check_conv_params', 'check_he_std', 'check_zero_fraction', 'check_fan_in', 'check_instance_norm', 'check_fold_bn', 'check_running_var_after', 'check_next_scale', 'check_smallest_scale', 'check_resume_start', 'check_suggest_lr', 'check_rank_share', 'check_averaged_grad', 'check_cycle_lrs', 'check_partial_folder', 'check_lin_grads', 'check_ce_grad', 'check_reused_grad', 'check_value_tanh', 'check_broadcast_shape', 'check_matmul_no_loops', 'check_row_dots']
 
 # %% ../nbs/00_exercises.ipynb #4ac8ecb2
 class ExerciseError(AssertionError):
@@ -1776,3 +1776,142 @@ def check_value_tanh(value_tanh: Callable[[Value], Value]) -> None:
                 ],
                 rel_tol=1e-9,
             )
+
+# %% ../nbs/A7_exercise_checks.ipynb #32a3d5f1
+import torch
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #bb994cad
+def _left_aligned(sa: tuple, sb: tuple) -> tuple | None:
+    "Broadcasting `sa` and `sb` lined up from the left (the usual mistake); None if that fails too."
+    n = max(len(sa), len(sb))
+    sa, sb = tuple(sa) + (1,) * (n - len(sa)), tuple(sb) + (1,) * (n - len(sb))
+    if any(x != y and 1 not in (x, y) for x, y in zip(sa, sb)):
+        return None
+    return tuple(max(x, y) for x, y in zip(sa, sb))
+
+
+@exercise
+def check_broadcast_shape(broadcast_shape: Callable[[tuple, tuple], tuple]) -> None:
+    """Exercise 1: `broadcast_shape(shape_a, shape_b)` is the broadcast shape, or raises ValueError
+    if there is none."""
+    good = [((3, 3), (3,)), ((5, 1), (5,)), ((8, 1, 6, 1), (7, 1, 5)), ((256, 256, 3), (3,))]
+    good += [((2, 1), (1, 4)), ((4,), ()), ((1,), (2, 3, 1))]
+    for sa, sb in good:
+        what, want = f"broadcast_shape({sa}, {sb})", tuple(torch.broadcast_shapes(sa, sb))
+        try:
+            got = broadcast_shape(sa, sb)
+        except ValueError as e:
+            raise ExerciseError(
+                f"{what} raised ValueError ({e}), but these shapes broadcast to {want}"
+            ) from None
+        try:
+            got = tuple(int(d) for d in got)
+        except (TypeError, ValueError):
+            raise ExerciseError(f"{what} should return a tuple of ints, got {got!r}") from None
+        if got == want:
+            continue
+        if got == _left_aligned(sa, sb):
+            raise ExerciseError(
+                f"{what} is {got}, should be {want}: line the shapes up from the right (their last "
+                "dimensions), not from the left"
+            )
+        if len(got) != len(want):
+            raise ExerciseError(
+                f"{what} is {got}, should be {want}: the result has as many dimensions as the "
+                "longer shape"
+            )
+        raise ExerciseError(
+            f"{what} is {got}, should be {want}. Hint: a size 1 takes the other size"
+        )
+    for sa, sb in [((2, 3), (4, 3)), ((3,), (4,)), ((5, 2), (5,))]:
+        try:
+            got = broadcast_shape(sa, sb)
+        except ValueError:
+            continue
+        raise ExerciseError(
+            f"broadcast_shape({sa}, {sb}) returned {got!r}, but these shapes do not broadcast: "
+            "two sizes that differ, neither of them 1, are incompatible; raise ValueError"
+        )
+
+
+class _Calls(TorchFunctionMode):
+    "Records the name of every torch function called while it is active."
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, '__name__', str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+@exercise
+def check_matmul_no_loops(matmul_no_loops: Callable[[Tensor, Tensor], Tensor]) -> None:
+    """Exercise 2: `matmul_no_loops(a, b)` is `a @ b` from one broadcast product and one sum, with
+    no loop and no matmul."""
+    gen = torch.Generator().manual_seed(0)
+    for n, k, m in [(6, 5, 3), (4, 4, 4)]:
+        a, b = torch.randn(n, k, generator=gen), torch.randn(k, m, generator=gen)
+        with _Calls() as calls:
+            got = matmul_no_loops(a.clone(), b.clone())
+        used = {'matmul', '__matmul__', 'mm', 'einsum', 'bmm', 'mv', 'dot', 'tensordot', 'inner'}
+        used &= set(calls.names)
+        if used:
+            raise ExerciseError(
+                f"matmul_no_loops calls {sorted(used)}: build the product from a broadcast "
+                "elementwise product and a sum instead"
+            )
+        if len(calls.names) > 2 * n:
+            raise ExerciseError(
+                f"matmul_no_loops made {len(calls.names)} torch calls for {n} rows: a Python loop? "
+                "Use one broadcast product of shape (n, k, m) and one sum"
+            )
+        what = f"matmul_no_loops(a, b) for a {(n, k)} and b {(k, m)}"
+        if isinstance(got, Tensor) and got.shape == (m, n) != (n, m):
+            raise ExerciseError(
+                f"{what} has shape {(m, n)}: that is (a @ b).T, rows and columns swapped"
+            )
+        # on square matrices a swapped or misplaced index keeps the shape: name it
+        mistakes = []
+        if n == k == m:
+            mistakes = [
+                (b @ a, "that is b @ a: the order matters, rows of a with columns of b"),
+                (a * b, "that is the elementwise product a * b, not the matrix product"),
+                (
+                    a.sum(0)[:, None] * b,
+                    "that sums over a's rows (i): sum over k, the dimension a and b share",
+                ),
+                ((a @ b).T, "that is (a @ b).T: rows and columns swapped"),
+            ]
+        expect_close(
+            got,
+            a @ b,
+            what,
+            eps=1e-4,
+            mistakes=mistakes,
+            hint="a[:, :, None] * b[None] has shape (n, k, m); sum it over k",
+        )
+
+
+@exercise
+def check_row_dots(row_dots: Callable[[Tensor, Tensor], Tensor]) -> None:
+    "Exercise 3: `row_dots(x, y)` is the dot product of each row of `x` with the same row of `y`."
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(5, 3, generator=gen), torch.randn(5, 3, generator=gen)
+    got = row_dots(x.clone(), y.clone())
+    what = 'row_dots(x, y) for x and y of shape (5, 3)'
+    shape_hints = {
+        (): "a single number: 'ij,ij->' sums over i too; keep i in the result ('ij,ij->i')",
+        (3,): "one number per column: that summed over the rows (i); sum over j instead",
+        (5, 5): "every row of x with every row of y, x @ y.T; only the matching rows: 'ij,ij->i'",
+        (5, 3): "the elementwise product, not yet summed along each row",
+    }
+    if isinstance(got, Tensor) and tuple(got.shape) in shape_hints:
+        raise ExerciseError(
+            f"{what} has shape {tuple(got.shape)}, " + shape_hints[tuple(got.shape)]
+        )
+    expect_close(got, (x * y).sum(1), what, hint="torch.einsum('ij,ij->i', x, y)")
