@@ -54,10 +54,10 @@ def random_crop(x: Tensor, pad: int = 4, fill: float = 0.0, generator=None) -> T
     top, left = _randint(2 * pad + 1, n, x, generator), _randint(2 * pad + 1, n, x, generator)
     rows = (top[:, None] + torch.arange(h, device=x.device))[:, :, None]  # (N, H, 1)
     cols = (left[:, None] + torch.arange(w, device=x.device))[:, None, :]  # (N, 1, W)
+    batch = torch.arange(n, device=x.device)[:, None, None]  # (N, 1, 1)
     # indexing with tensors around a ':' puts their dimensions first: (N, H, W, C)
-    return padded[torch.arange(n, device=x.device)[:, None, None], :, rows, cols].permute(
-        0, 3, 1, 2
-    )
+    windows = padded[batch, :, rows, cols]
+    return windows.permute(0, 3, 1, 2)
 
 # %% ../nbs/14_augment.ipynb #ed4441c4
 def flip_lr(x: Tensor) -> Tensor:
@@ -150,10 +150,9 @@ def get_preds(
     # the validation pass alone (as learn.validate does), with the learner's device and transforms
     learn.data = DataBunch([], data.valid_dl, data.c)
     learn.cbs = [cb for cb in cbs if not isinstance(cb, SaveModelCallback)]
+    stats = AvgStatsCallback(learn.metrics, print_stats=False)  # no table printed
     try:
-        Runner(cbs=[capture, AvgStatsCallback(learn.metrics, print_stats=False), *extra]).fit(
-            1, learn
-        )
+        Runner(cbs=[capture, stats, *extra]).fit(1, learn)
     finally:
         learn.data, learn.cbs = data, cbs
     return torch.cat(capture.probs), torch.cat(capture.targets)
@@ -232,13 +231,12 @@ class MixUp(Callback):
     def __init__(self, alpha: float = 0.4):
         if isinstance(alpha, bool) or not isinstance(alpha, Real) or not alpha > 0:
             raise ValueError(f"alpha must be a number > 0, got {alpha!r}")
-        self.alpha, self.distrib = (
-            float(alpha),
-            Beta(torch.tensor(float(alpha)), torch.tensor(float(alpha))),
-        )
+        self.alpha = float(alpha)
+        self.distrib = Beta(torch.tensor(self.alpha), torch.tensor(self.alpha))
         self.lam = self.perm = self.yb1 = self.old_loss_func = None
 
     def begin_fit(self):
+        NoneReduce(self.learn.loss_func)  # refuses, before any batch, a loss it cannot mix
         self.old_loss_func, self.learn.loss_func = self.learn.loss_func, self.loss_func
 
     def begin_batch(self):
@@ -251,7 +249,8 @@ class MixUp(Callback):
         self.lam = torch.max(lam, 1 - lam)
         self.perm = torch.randperm(n).to(xb.device)
         self.yb1 = run.yb[self.perm]
-        run.xb = lin_comb(xb, xb[self.perm], self.lam.view(-1, *[1] * (xb.dim() - 1)))
+        lam = self.lam.to(xb.dtype).view(-1, *[1] * (xb.dim() - 1))  # one per image
+        run.xb = lin_comb(xb, xb[self.perm], lam)
 
     def after_fit(self):
         if self.old_loss_func is not None:  # the learner's loss function back, whatever happened
@@ -279,6 +278,7 @@ class LabelSmoothingCrossEntropy(nn.Module):
         self.eps, self.reduction = float(eps), reduction
 
     def forward(self, output: Tensor, target: Tensor) -> Tensor:
+        "The loss of the logits `output` (N, C) against the class indices `target` (N,)."
         if output.dim() != 2:
             raise ValueError(f"output must be (N, C), got shape {tuple(output.shape)}")
         log_preds = log_softmax(output)  # notebook 02's

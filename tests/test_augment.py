@@ -301,6 +301,10 @@ def test_mixup_lambda_is_beta_then_max_and_seeded():
         return mix.lam
 
     assert torch.equal(first_lam(8), first_lam(8))
+    run = SimpleNamespace(in_train=True, xb=x.double(), yb=y)
+    mix.set_runner(run)
+    mix.begin_batch()
+    assert run.xb.dtype == torch.float64 and run.xb.shape == x.shape  # the batch's dtype kept
 
 
 def test_mixup_loss_reduction_follows_the_loss_function():
@@ -350,6 +354,11 @@ def test_mixup_refusals():
             MixUp(alpha)
     with pytest.raises(TypeError, match='loss_func must have a `reduction`'):
         NoneReduce(cross_entropy)  # the series' own takes no reduction
+    # refused as the fit begins, before any batch, and the learner's loss left as it was
+    learn = quiet(Learner(tiny_data(), tiny_model(), loss_func=cross_entropy, cbs=[MixUp()]))
+    with pytest.raises(TypeError, match='loss_func must have a `reduction`'):
+        learn.fit(1)
+    assert learn.loss_func is cross_entropy
     with pytest.raises(ValueError, match='reduction must be'):
         reduce_loss(torch.ones(3), 'avg')
 
