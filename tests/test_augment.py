@@ -437,3 +437,32 @@ def test_tta_goes_through_the_learners_callbacks():
     assert torch.allclose(probs, by_hand, atol=1e-6)
     with pytest.raises(TypeError, match='tfm must be a function'):
         get_tta(learn, tfm=None)
+
+
+# ---------------- on a GPU (skipped where there is none)
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='no CUDA device here')
+
+
+@cuda
+def test_on_cuda_the_batch_stays_there_and_a_cpu_generator_still_draws():
+    from exp.cnn import DeviceCallback
+
+    x = images(c=3).cuda()
+    for name, tfm in AUGMENTATIONS.items():
+        assert tfm(x).device == x.device, name
+    gen = torch.Generator().manual_seed(15)  # a CPU generator: the draws move to the batch
+    for out in (random_crop(x, 2, generator=gen), random_flip(x, generator=gen)):
+        assert out.device == x.device
+    assert random_erase(x, generator=gen).device == x.device
+    set_seed(15)
+    data = tiny_data()
+    cbs = [DeviceCallback('cuda'), BatchTransform(random_flip), MixUp(0.4)]
+    learn = quiet(Learner(data, tiny_model(), cbs=cbs))
+    learn.fit(1)
+    probs, targets = get_tta(learn)
+    model, xv = learn.model.eval(), data.valid_ds.x.cuda()
+    with torch.no_grad():
+        by_hand = (F.softmax(model(xv), -1) + F.softmax(model(xv.flip(-1)), -1)) / 2
+    assert torch.allclose(probs, by_hand.cpu(), atol=1e-5)
+    assert torch.allclose(tta_predict(learn, data.valid_ds.x), by_hand.cpu(), atol=1e-5)
