@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['ExerciseError', 'exercise', 'expect_close', 'expect_number', 'check_relu', 'check_mse', 'check_one_hot', 'check_idx_dims', 'check_normalize_valid', 'check_logsumexp_rows', 'check_nll_by_hand', 'check_sigmoid_backward', 'check_scale_backward', 'check_leaky_relu_function', 'check_n_batches', 'check_epoch_loss', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step', 'check_n_events', 'check_cancelled_batch', 'check_cos_anneal', 'check_one_cycle_lr', 'check_lr_at', 'check_stopping_epoch', 'check_eta', 'check_redrawn_line', 'check_conv_out_size', 'check_conv_params', 'check_he_std', 'check_zero_fraction', 'check_fan_in', 'check_instance_norm', 'check_fold_bn', 'check_running_var_after', 'check_next_scale', 'check_smallest_scale', 'check_resume_start', 'check_suggest_lr', 'check_rank_share', 'check_averaged_grad', 'check_cycle_lrs', 'check_partial_folder', 'check_lin_grads', 'check_ce_grad', 'check_reused_grad', 'check_value_tanh', 'check_broadcast_shape', 'check_matmul_no_loops', 'check_row_dots']
+__all__ = ['ExerciseError', 'exercise', 'expect_close', 'expect_number', 'check_relu', 'check_mse', 'check_one_hot', 'check_idx_dims', 'check_normalize_valid', 'check_logsumexp_rows', 'check_nll_by_hand', 'check_sigmoid_backward', 'check_scale_backward', 'check_leaky_relu_function', 'check_n_batches', 'check_epoch_loss', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step', 'check_n_events', 'check_cancelled_batch', 'check_cos_anneal', 'check_one_cycle_lr', 'check_lr_at', 'check_stopping_epoch', 'check_eta', 'check_redrawn_line', 'check_conv_out_size', 'check_conv_params', 'check_he_std', 'check_zero_fraction', 'check_fan_in', 'check_instance_norm', 'check_fold_bn', 'check_running_var_after', 'check_next_scale', 'check_smallest_scale', 'check_resume_start', 'check_suggest_lr', 'check_rank_share', 'check_averaged_grad', 'check_cycle_lrs', 'check_partial_folder', 'check_lin_grads', 'check_ce_grad', 'check_reused_grad', 'check_value_tanh', 'check_smooth_targets', 'check_mixup_batch', 'check_tta_probs', 'check_broadcast_shape', 'check_matmul_no_loops', 'check_row_dots']
 
 # %% ../nbs/00_exercises.ipynb #4ac8ecb2
 class ExerciseError(AssertionError):
@@ -1776,6 +1776,103 @@ def check_value_tanh(value_tanh: Callable[[Value], Value]) -> None:
                 ],
                 rel_tol=1e-9,
             )
+
+# %% ../nbs/A7_exercise_checks.ipynb #28417b31
+import torch
+import torch.nn.functional as F
+from torch import nn
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #fc76c764
+@exercise
+def check_smooth_targets(smooth_targets: Callable) -> None:
+    """Exercise 1: `smooth_targets(y, c, eps)` is label smoothing's (N, c) target: `1 - eps + eps/c`
+    at each label, `eps/c` elsewhere."""
+    y = torch.tensor([0, 3, 1, 3, 2])
+    for c, eps in ((4, 0.1), (5, 0.3), (4, 0.0)):
+        onehot = F.one_hot(y, c).double()
+        want = onehot * (1 - eps) + eps / c
+        mistakes = [
+            (
+                onehot * (1 - eps) + (1 - onehot) * eps / (c - 1),
+                "that spreads eps over the other c - 1 classes; label smoothing spreads it over "
+                "all c, the label's class included",
+            ),
+            (
+                onehot * (1 - eps) + (1 - onehot) * eps / c,
+                "the label's class gets its share of eps too: 1 - eps + eps / c",
+            ),
+            (onehot * (1 - eps), "each row must sum to 1: spread eps over the c classes"),
+        ]
+        expect_close(
+            smooth_targets(y.clone(), c, eps),
+            want.float(),
+            f'smooth_targets(y, {c}, {eps})',
+            mistakes=[(m.float(), hint) for m, hint in mistakes],
+            hint='one_hot(y, c) * (1 - eps) + eps / c',
+        )
+
+
+@exercise
+def check_mixup_batch(mixup_batch: Callable) -> None:
+    """Exercise 2: `mixup_batch(x, perm, lam)` is mixup's batch: `max(lam, 1 - lam)` of each image
+    and the rest of `x[perm]`."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 2, 3, 3, generator=gen)
+    perm = torch.tensor([3, 0, 5, 1, 2, 4])
+    lam = torch.tensor([0.1, 0.9, 0.5, 0.3, 0.75, 0.02])
+    big, raw = torch.max(lam, 1 - lam).view(-1, 1, 1, 1), lam.view(-1, 1, 1, 1)
+    expect_close(
+        mixup_batch(x.clone(), perm.clone(), lam.clone()),
+        big * x + (1 - big) * x[perm],
+        'mixup_batch(x, perm, lam)',
+        mistakes=[
+            (
+                raw * x + (1 - raw) * x[perm],
+                "lam is the raw draw: take max(lam, 1 - lam) first, so that the larger share goes "
+                "to the batch's own image",
+            ),
+            (
+                (1 - big) * x + big * x[perm],
+                "the larger share, max(lam, 1 - lam), goes to x itself, the smaller to x[perm]",
+            ),
+            (
+                big * x + (1 - big) * x[perm.argsort()],
+                "image i is mixed with x[perm[i]], not with the image that perm sends i to",
+            ),
+        ],
+        hint='image i is max(lam[i], 1 - lam[i]) of x[i] and the rest of x[perm[i]]',
+    )
+
+
+@exercise
+def check_tta_probs(tta_probs: Callable) -> None:
+    """Exercise 3: `tta_probs(model, x)` is the mean of the probabilities `model` gives the images
+    `x` and their mirror images."""
+    gen = torch.Generator().manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(40, 3))
+    x = torch.randn(4, 2, 4, 5, generator=gen)
+    with torch.no_grad():
+        model[1].weight.copy_(torch.randn(3, 40, generator=gen))
+        model[1].bias.zero_()
+        logits, mirrored = model(x), model(x.flip(-1))
+        p, upside_down = F.softmax(logits, -1), F.softmax(model(x.flip(-2)), -1)
+    got = tta_probs(model, x.clone())
+    expect_close(
+        got.detach() if isinstance(got, torch.Tensor) else got,
+        (p + F.softmax(mirrored, -1)) / 2,
+        'tta_probs(model, x)',
+        mistakes=[
+            (
+                F.softmax((logits + mirrored) / 2, -1),
+                "that averages the logits, then takes the softmax; average the probabilities",
+            ),
+            ((logits + mirrored) / 2, "those are logits: take the softmax of each, then the mean"),
+            ((p + upside_down) / 2, "flip(-2) mirrors top to bottom; left to right is flip(-1)"),
+            (p, "that is the prediction on x alone: average it with the mirrored images'"),
+        ],
+        hint='the mean of softmax(model(x)) and softmax(model(x.flip(-1)))',
+    )
 
 # %% ../nbs/A7_exercise_checks.ipynb #32a3d5f1
 import torch
