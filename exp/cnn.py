@@ -10,7 +10,6 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
-from .batchnorm import BatchNorm2d
 from .callbacks import Callback, DataBunch
 from .data import DownloadError, get_data, normalize
 from .minibatch import Dataset, get_dls
@@ -122,17 +121,30 @@ def CudaCallback() -> DeviceCallback:
     return DeviceCallback('cuda')
 
 # %% ../nbs/08_cnn.ipynb #3e8941f2
-def conv_layer(ni: int, nf: int, ks: int = 3, stride: int = 2, bn: bool = False) -> nn.Sequential:
+def conv_layer(
+    ni: int,
+    nf: int,
+    ks: int = 3,
+    stride: int = 2,
+    bn: bool = False,
+    norm: Callable[[int], nn.Module] | None = None,
+) -> nn.Sequential:
     """Convolution `ni` -> `nf` channels (He init, padding ks//2, zero bias or none before batch
-    norm), ReLU, optional batch norm."""
+    norm), ReLU, optional batch norm `norm(nf)` (None: the series' own)."""
+    if norm is not None and not callable(norm):
+        raise TypeError(f"norm must be a layer class such as nn.BatchNorm2d, or None, got {norm!r}")
     conv = nn.Conv2d(ni, nf, ks, stride=stride, padding=ks // 2, bias=not bn)
     # fastai's init, not PyTorch's default (notebook 08a says why)
     nn.init.kaiming_normal_(conv.weight, nonlinearity='relu')
     if conv.bias is not None:
         nn.init.zeros_(conv.bias)
     layers = [conv, nn.ReLU()]
+    if bn and norm is None:
+        # the series' own, equal to nn.BatchNorm2d: notebook 08b builds it, after this one, so it
+        # is imported when first used
+        from exp.batchnorm import BatchNorm2d as norm
     if bn:
-        layers.append(BatchNorm2d(nf))  # the series' own (notebook 08b), equal to nn.BatchNorm2d
+        layers.append(norm(nf))
     return nn.Sequential(*layers)
 
 
@@ -141,6 +153,7 @@ def simple_cnn(
     kernel_szs: Sequence[int] | None = None,
     strides: Sequence[int] | None = None,
     bn: bool = False,
+    norm: Callable[[int], nn.Module] | None = None,
 ) -> nn.Sequential:
     """fastai v1's CNN: conv layers through the channel counts `actns`, then average pool and
     flatten."""
@@ -162,7 +175,7 @@ def simple_cnn(
             f"kernel_szs and strides must be positive ints, got {kernel_szs} and {strides}"
         )
     layers = [
-        conv_layer(actns[i], actns[i + 1], kernel_szs[i], strides[i], bn=bn and i < n - 1)
+        conv_layer(actns[i], actns[i + 1], kernel_szs[i], strides[i], bn and i < n - 1, norm)
         for i in range(n)
     ]
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), Lambda(flatten))

@@ -642,3 +642,48 @@ def test_a_schedule_that_leaves_the_allowed_range_is_refused_before_it_is_used()
         lambda: run.fit(1, make_learner(make_data(n_train=12, bs=4))),
         contains="the schedule of 'momentum' gives",
     )
+
+
+def one_cycle_positions(total: int, pct_start: float) -> list[float]:
+    """The position (share of training) at which our schedules give OneCycleLR's value at each of
+    its `total` steps: its first phase ends at step `pct_start * total - 1`, its second at
+    `total - 1`."""
+    end1 = pct_start * total - 1
+    return [
+        pct_start * i / end1
+        if i <= end1
+        else pct_start + (1 - pct_start) * (i - end1) / (total - 1 - end1)
+        for i in range(total)
+    ]
+
+
+@pytest.mark.parametrize(
+    'lr, total, pct_start, div_start, div_end',
+    [(0.1, 1000, 0.3, 10.0, 1e5), (1.0, 100, 0.25, 25.0, 1e4), (3e-3, 57, 0.4, 5.0, 100.0)],
+)
+def test_sched_1cycle_gives_one_cycle_lr_values(lr, total, pct_start, div_start, div_end):
+    "The learning rate and momentum of torch.optim.lr_scheduler.OneCycleLR, step for step."
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr, momentum=0.9)
+    ref = torch.optim.lr_scheduler.OneCycleLR(
+        opt,
+        max_lr=lr,
+        total_steps=total,
+        pct_start=pct_start,
+        div_factor=div_start,
+        final_div_factor=div_end / div_start,  # OneCycleLR divides the starting lr by it
+        base_momentum=0.85,
+        max_momentum=0.95,
+        anneal_strategy='cos',
+    )
+    ref_lrs, ref_moms = [], []
+    for _ in range(total):
+        ref_lrs.append(opt.param_groups[0]['lr'])
+        ref_moms.append(opt.param_groups[0]['momentum'])
+        opt.step()
+        ref.step()
+    lr_sched, mom_sched = sched_1cycle(
+        lr, pct_start=pct_start, div_start=div_start, div_end=div_end
+    )
+    positions = one_cycle_positions(total, pct_start)
+    ft.test_close([lr_sched.sched_funcs[0](p) for p in positions], ref_lrs, eps=1e-12 * lr)
+    ft.test_close([mom_sched.sched_funcs[0](p) for p in positions], ref_moms, eps=1e-12)

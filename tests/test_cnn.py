@@ -1,5 +1,9 @@
 """Unit tests for exp.cnn: batch transforms, device placement, the CNNs and the 3-vs-7 sample."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -143,6 +147,36 @@ def test_simple_cnn_matches_fastai_v1_layout():
     )
     ft.test_eq(bn(torch.zeros(2, 1, 28, 28)).shape, (2, 3))
     ft.test_eq(len(conv_layer(3, 4, bn=True)), 3)
+
+
+def test_simple_cnn_takes_torchs_batch_norm_until_08b_builds_ours():
+    "Notebook 08's models take torch's batch norm (`norm`); the default is the series' own."
+    set_seed(0)
+    torchs = simple_cnn((1, 8, 8, 3), bn=True, norm=nn.BatchNorm2d)
+    set_seed(0)
+    ours = simple_cnn((1, 8, 8, 3), bn=True)
+    ft.test_eq(
+        [type(m) for m in torchs.modules() if isinstance(m, nn.BatchNorm2d)], [nn.BatchNorm2d] * 2
+    )
+    norms = [type(m) for m in ours.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    ft.test_eq(norms, [BatchNorm2d] * 2)
+    ft.test_eq(list(torchs.state_dict()), list(ours.state_dict()))  # checkpoints load either way
+    x = torch.randn(16, 1, 28, 28)
+    ft.test_close(ours(x), torchs(x), eps=1e-5)
+    ft.test_eq(type(conv_layer(3, 4, bn=True, norm=nn.BatchNorm2d)[2]), nn.BatchNorm2d)
+    plain = simple_cnn((1, 8, 3), norm=nn.BatchNorm2d)  # without bn, no batch norm
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in plain.modules())
+    with pytest.raises(TypeError, match="norm must be a layer class .*got 'bn'"):
+        simple_cnn((1, 8, 3), bn=True, norm='bn')
+
+
+def test_exp_cnn_does_not_import_the_batch_norm_of_a_later_lesson():
+    "exp.cnn (notebook 08) imports exp.batchnorm (notebook 08b) only when its batch norm is used."
+    code = (
+        'import sys, exp.cnn; assert "exp.batchnorm" not in sys.modules; '
+        'exp.cnn.simple_cnn((1, 4, 2), bn=True); assert "exp.batchnorm" in sys.modules'
+    )
+    subprocess.run([sys.executable, '-c', code], check=True, cwd=Path(__file__).parents[1])
 
 
 @pytest.mark.parametrize(
