@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['ExerciseError', 'exercise', 'expect_close', 'expect_number', 'check_relu', 'check_mse', 'check_one_hot', 'check_idx_dims', 'check_normalize_valid', 'check_logsumexp_rows', 'check_nll_by_hand', 'check_sigmoid_backward', 'check_scale_backward', 'check_leaky_relu_function', 'check_n_batches', 'check_epoch_loss', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step', 'check_n_events', 'check_cancelled_batch', 'check_cos_anneal', 'check_one_cycle_lr', 'check_lr_at', 'check_stopping_epoch', 'check_eta', 'check_redrawn_line', 'check_conv_out_size', 'check_conv_params', 'check_he_std', 'check_zero_fraction', 'check_fan_in', 'check_instance_norm', 'check_fold_bn', 'check_running_var_after', 'check_next_scale', 'check_smallest_scale', 'check_resume_start', 'check_suggest_lr', 'check_rank_share', 'check_averaged_grad', 'check_cycle_lrs', 'check_partial_folder', 'check_lin_grads', 'check_ce_grad', 'check_reused_grad', 'check_value_tanh', 'check_smooth_targets', 'check_mixup_batch', 'check_tta_probs', 'check_broadcast_shape', 'check_matmul_no_loops', 'check_row_dots']
+__all__ = ['ExerciseError', 'exercise', 'expect_close', 'expect_number', 'check_relu', 'check_mse', 'check_one_hot', 'check_idx_dims', 'check_normalize_valid', 'check_logsumexp_rows', 'check_nll_by_hand', 'check_sigmoid_backward', 'check_scale_backward', 'check_leaky_relu_function', 'check_n_batches', 'check_epoch_loss', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step', 'check_n_events', 'check_cancelled_batch', 'check_cos_anneal', 'check_one_cycle_lr', 'check_lr_at', 'check_stopping_epoch', 'check_eta', 'check_redrawn_line', 'check_conv_out_size', 'check_conv_params', 'check_he_std', 'check_zero_fraction', 'check_fan_in', 'check_instance_norm', 'check_fold_bn', 'check_running_var_after', 'check_next_scale', 'check_smallest_scale', 'check_resume_start', 'check_suggest_lr', 'check_rank_share', 'check_averaged_grad', 'check_cycle_lrs', 'check_partial_folder', 'check_conv_macs', 'check_resblock_params', 'check_lin_grads', 'check_ce_grad', 'check_reused_grad', 'check_value_tanh', 'check_smooth_targets', 'check_mixup_batch', 'check_tta_probs', 'check_broadcast_shape', 'check_matmul_no_loops', 'check_row_dots']
 
 # %% ../nbs/00_exercises.ipynb #4ac8ecb2
 class ExerciseError(AssertionError):
@@ -1578,6 +1578,107 @@ def check_partial_folder(partial_name) -> None:
         raise ExerciseError(
             f"partial_name({out!r}) is {str(got)!r}, should be {str(want)!r}. Hint: PARTIAL after "
             "the folder's name"
+        )
+
+# %% ../nbs/A7_exercise_checks.ipynb #66d256fc
+import torch
+from .resnet import ResBlock, layer_stats
+from numbers import Integral
+from torch import nn
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #043834e9
+def _an_int(got, what: str) -> int:
+    "`got` if it is an int; else an ExerciseError naming `what`."
+    if isinstance(got, bool) or not isinstance(got, Integral):
+        raise ExerciseError(f"{what} should be an int, got {got!r}")
+    return int(got)
+
+
+def _known_mistake(got: int, want: int, what: str, mistakes: list[tuple[int, str]]) -> None:
+    "An ExerciseError with the hint of the first mistake `got` matches (none if it is `want`)."
+    for wrong, hint in mistakes:
+        if got == wrong != want:
+            raise ExerciseError(f"{what} is {got}: {hint}")
+
+
+@exercise
+def check_conv_macs(conv_macs: Callable[[int, int, int, int, int], int]) -> None:
+    """Exercise 1: `conv_macs(ni, nf, ks, h, w)` is the multiply-adds per image of an
+    `nn.Conv2d(ni, nf, ks)` with an `h` x `w` output."""
+    for ni, nf, ks, stride, size in (
+        (1, 8, 3, 1, 28),
+        (8, 16, 3, 2, 28),
+        (16, 4, 5, 1, 9),
+        (3, 6, 1, 2, 7),
+    ):
+        layer = nn.Conv2d(ni, nf, ks, stride=stride, padding=ks // 2)
+        (row,) = layer_stats(layer, torch.zeros(1, ni, size, size))
+        h, w = row['output'][2:]
+        what = f"conv_macs({ni}, {nf}, {ks}, {h}, {w})"
+        got, want = _an_int(conv_macs(ni, nf, ks, h, w), what), row['macs']
+        if got == want:
+            continue
+        _known_mistake(
+            got,
+            want,
+            what,
+            [
+                (
+                    nf * ks * ks * h * w,
+                    "each output sums over every input channel: ni x ks x ks taps",
+                ),
+                (ni * nf * ks * h * w, "the kernel has ks x ks taps: square ks"),
+                (ni * nf * ks * ks, "that is one output position's worth: times h x w"),
+                (want + nf * h * w, "adding the bias is not a multiply-add: leave it out"),
+            ],
+        )
+        raise ExerciseError(
+            f"{what} is {got}, should be {want}. Hint: nf x h x w outputs, each ni x ks x ks "
+            "multiply-adds"
+        )
+
+
+@exercise
+def check_resblock_params(resblock_params: Callable[[int, int], int]) -> None:
+    """Exercise 2: `resblock_params(ni, nf)` is the number of parameters of `ResBlock(ni, nf)` (3x3
+    convolutions)."""
+    for ni, nf in ((8, 8), (8, 16), (1, 8), (64, 32)):
+        what = f"resblock_params({ni}, {nf})"
+        got = _an_int(resblock_params(ni, nf), what)
+        want = sum(p.numel() for p in ResBlock(ni, nf).parameters())
+        if got == want:
+            continue
+        convs, norms = 9 * ni * nf + 9 * nf * nf, 2 * 2 * nf
+        idconv = ni * nf + nf if ni != nf else 0
+        _known_mistake(
+            got,
+            want,
+            what,
+            [
+                (
+                    convs + norms,
+                    "when ni != nf the identity path has a 1x1 convolution, with a bias",
+                ),
+                (
+                    convs + idconv,
+                    "each 3x3 convolution is followed by a batch norm: a weight and a bias "
+                    "per channel",
+                ),
+                (convs + norms + idconv + 2 * nf, "a convolution before a batch norm has no bias"),
+                (
+                    convs + norms + idconv - nf,
+                    "the 1x1 convolution has a bias: no batch norm follows it",
+                ),
+                (
+                    convs + norms + 9 * ni * nf + nf,
+                    "the identity path's convolution is 1x1, not 3x3",
+                ),
+            ],
+        )
+        raise ExerciseError(
+            f"{what} is {got}, should be {want}. Hint: two 3x3 convolutions without bias, two "
+            "batch norms, and a 1x1 convolution with bias when ni != nf"
         )
 
 # %% ../nbs/A7_exercise_checks.ipynb #630ef4fa
