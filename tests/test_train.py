@@ -1375,3 +1375,22 @@ def test_sigterm_then_ctrl_c_is_one_consistent_report(tmp_path):
     ft.test_eq((proc.returncode, err.count('\n')), (143, 1))
     assert err.startswith('exp.train: error: stopped by SIGTERM, during epoch 0;'), err
     assert (tmp_path / 'run.partial' / CHECKPOINT).is_file()
+
+
+def test_resume_of_a_signed_checkpoint_torch_cannot_read_is_one_line(mlp_partial, capsys):
+    "An extra member in the zip, the digest recomputed: --resume says so in one line, exit code 2."
+    import io
+    import zipfile
+
+    from exp.checkpoint import _with_digest
+
+    raw = (mlp_partial / CHECKPOINT).read_bytes()
+    body = raw[: -2 - len(raw.split(b'exp-sha256:')[-1]) - len(b'exp-sha256:')] + b'\x00\x00'
+    buffer = io.BytesIO(body)
+    with zipfile.ZipFile(buffer, 'a') as z:
+        z.writestr('extra/stray.txt', 'not torch')
+    (mlp_partial / CHECKPOINT).write_bytes(_with_digest(buffer.getvalue()))
+    ft.test_eq(cli('--resume', mlp_partial), 2)
+    err = capsys.readouterr().err
+    ft.test_eq(err.count('\n'), 1)
+    assert 'cannot be read as a checkpoint (torch.load: ' in err, err
