@@ -77,7 +77,7 @@ def test_check_unchanged_lists_every_change_and_allows_the_runs_own_values(tmp_p
 
 
 def test_a_signal_in_stop_on_signals_is_stopped_once_and_the_handlers_come_back():
-    before = signal.getsignal(signal.SIGTERM)
+    before, ctrl_c = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     with stop_on_signals():
         with pytest.raises(Stopped) as info:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -85,7 +85,7 @@ def test_a_signal_in_stop_on_signals_is_stopped_once_and_the_handlers_come_back(
         ft.test_eq(signal.getsignal(signal.SIGTERM), signal.SIG_IGN)  # one stop is enough
     ft.test_eq(signal.getsignal(signal.SIGTERM), before)
     ft.test_eq((info.value.signame, exit_code(info.value)), ('SIGTERM', 143))
-    ft.test_eq(signal.getsignal(signal.SIGINT), signal.default_int_handler)
+    ft.test_eq(signal.getsignal(signal.SIGINT), ctrl_c)
     ft.test_eq((exit_code(KeyboardInterrupt()), exit_code(ValueError())), (130, 1))
 
 
@@ -107,6 +107,9 @@ def test_failure_line_says_what_was_kept_and_how_to_continue(tmp_path, monkeypat
 
 def test_once_stopping_a_ctrl_c_is_held_too_until_stop_on_signals_ends():
     "SIGTERM, then a Ctrl-C while the trainer stops: ignored, so the report stays the SIGTERM's."
+    ctrl_c, term, hup = (
+        signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    )
     with stop_on_signals():
         with pytest.raises(Stopped):
             os.kill(os.getpid(), signal.SIGTERM)
@@ -114,7 +117,19 @@ def test_once_stopping_a_ctrl_c_is_held_too_until_stop_on_signals_ends():
         ft.test_eq(signal.getsignal(signal.SIGINT), signal.SIG_IGN)
         os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt
         time.sleep(0.05)
-    ft.test_eq(signal.getsignal(signal.SIGINT), signal.default_int_handler)
+    ft.test_eq(signal.getsignal(signal.SIGINT), ctrl_c)
+    # a program that exits after the stop keeps them ignored through its exit handlers
+    try:
+        with pytest.raises(SystemExit):
+            with stop_on_signals():
+                with pytest.raises(Stopped):
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    time.sleep(5)
+                raise SystemExit(143)
+        ft.test_eq(signal.getsignal(signal.SIGINT), signal.SIG_IGN)
+    finally:
+        for s, handler in ((signal.SIGINT, ctrl_c), (signal.SIGTERM, term), (signal.SIGHUP, hup)):
+            signal.signal(s, handler)
 
 
 def test_the_run_files_replace_links_and_never_write_through_them(tmp_path):

@@ -54,6 +54,9 @@ def cli(*args) -> tuple[int, str, str]:
     returned)."""
     argv = sys.argv
     sys.argv = ['exp.train', *map(str, args)]
+    # a program that exits after a stop keeps the stops ignored: this process goes on
+    names = ('SIGINT', 'SIGTERM', 'SIGHUP')
+    handlers = {n: signal.getsignal(getattr(signal, n)) for n in names if hasattr(signal, n)}
     try:
         with warnings.catch_warnings():
             # runpy: exp.train was imported, and now runs as __main__
@@ -64,6 +67,8 @@ def cli(*args) -> tuple[int, str, str]:
         return e.code
     finally:
         sys.argv = argv
+        for n, handler in handlers.items():
+            signal.signal(getattr(signal, n), handler)
 
 
 def files_under(folder: Path) -> set:
