@@ -5,19 +5,23 @@
 # %% ../nbs/A2_checkpoint.ipynb #d95bafc8
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import math
 import os
 import pickle
 import random
+import warnings
 import zipfile
+from numbers import Real
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from exp.callbacks import (
+    AvgStatsCallback,
     Callback,
     Learner,
     NonFiniteError,
@@ -29,6 +33,7 @@ from exp.callbacks import (
 from .data import atomic_write
 from .early_stopping import EarlyStopping, LRFinder, TrackerCallback, load_opt_state, opt_state
 from .fp16 import MixedPrecision
+from .schedules import Recorder
 
 # %% auto #0
 __all__ = ['CHECKPOINT_VERSION', 'checkpoint_state', 'write_checkpoint', 'read_checkpoint', 'CheckpointMismatch',
@@ -115,6 +120,8 @@ def checkpoint_state(learn: Learner, run: Runner | None = None) -> dict:
         'rng': _rng_state(),
         'data': learn.data.state_dict(),
         'callbacks': callback_states(_checkpoint_cbs(learn, run)),
+        # which run and which data (the trainer's `learn.run_identity`): a resume checks it
+        'identity': getattr(learn, 'run_identity', None),
     }
 
 
@@ -188,12 +195,22 @@ def _check_bytes(raw: bytes, path: Path) -> None:
         raise ValueError(f"{path} is damaged: its part {bad} fails its CRC check")
 
 
+def _file_path(path) -> Path:
+    "`path` as a Path, if it names a file that can be written (not '' nor a folder); else raise."
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a file's path, got {type(path).__name__}")
+    # Path('') is '.', the current folder: refused as what it was given
+    if not os.fspath(path) or Path(path).is_dir():
+        raise ValueError(f"path must be a file's path, got {os.fspath(path)!r}")
+    return Path(path)
+
+
 def write_checkpoint(state: dict, path: str | os.PathLike) -> Path:
     """torch.save `state` to `path` with the sha256 of its bytes, atomically (temporary file, fsync,
     rename); returns the path."""
     if not isinstance(state, dict):
         raise TypeError(f"state must be a dict, got {type(state).__name__}")
-    path = Path(path)
+    path = _file_path(path)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     atomic_write(path, _with_digest(buffer.getvalue()))
@@ -215,6 +232,10 @@ def read_checkpoint(path: str | os.PathLike) -> dict:
         raise ValueError(
             f"{path} is not a checkpoint this library wrote (refused to unpickle it: {e})"
         ) from None
+    # its digest is right, but torch cannot read it (an archive with a member added, say)
+    except (RuntimeError, EOFError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        why = ' '.join(str(e).split()) or type(e).__name__
+        raise ValueError(f"{path} cannot be read as a checkpoint (torch.load: {why})") from None
     version = state.get('version') if isinstance(state, dict) else None
     if type(version) is not int:
         version = None  # not True, which equals 1
@@ -293,11 +314,27 @@ def _check_opt(opt, saved: dict, saved_class: str | None) -> None:
         if pid not in param:
             raise ValueError(f"state for parameter {pid}, which no group of the checkpoint holds")
         for k, v in st.items():
-            if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape != param[pid].shape:
+            # a buffer has its parameter's shape (a 0-d one would broadcast); a step count, any
+            if isinstance(v, torch.Tensor) and k != 'step' and v.shape != param[pid].shape:
                 raise ValueError(
                     f"{k} of parameter {pid} is {tuple(v.shape)}, the parameter "
                     f"{tuple(param[pid].shape)}"
                 )
+    # its own checks (ours refuse a momentum of 5), on a copy: its state and groups are replaced
+    copy.copy(opt).load_state_dict(saved)
+
+
+def _fit_cbs(learn: Learner) -> list[Callback]:
+    """The learner's callbacks, and new ones of those each fit adds (its Recorder, its metrics'
+    table), to try a checkpoint's callback states on."""
+    cbs, names = list(learn.cbs), {cb.name for cb in learn.cbs}
+    if 'recorder' not in names:
+        recorder = Recorder()
+        recorder.lrs = [[] for _ in learn.opt.param_groups]  # as begin_fit makes them
+        cbs.append(recorder)
+    if learn.metrics and 'avg_stats' not in names:
+        cbs.append(AvgStatsCallback(learn.metrics, print_stats=False))
+    return cbs
 
 
 def _check_fits(learn: Learner, state: dict, path: Path) -> None:
@@ -308,7 +345,8 @@ def _check_fits(learn: Learner, state: dict, path: Path) -> None:
         'optimizer': lambda: _check_opt(learn.opt, state['opt'], state.get('opt_class')),
         'rng': lambda: _set_rng_state(state['rng'], spare=True),
         'data': lambda: learn.data.check_state_dict(state['data']),
-        'callbacks': lambda: check_callback_states(learn.cbs, state['callbacks']),
+        # also the states a fit's own callbacks take at resume: a bad one must change nothing
+        'callbacks': lambda: check_callback_states(_fit_cbs(learn), state['callbacks']),
     }
     for piece, check in checks.items():
         try:
@@ -317,6 +355,71 @@ def _check_fits(learn: Learner, state: dict, path: Path) -> None:
             raise CheckpointMismatch(
                 path, piece, ' '.join(str(e).split()) or type(e).__name__
             ) from None
+
+
+def _number(value, low: float, high: float, high_in: bool = False) -> bool:
+    "Whether `value` is a real number (not a bool) from `low` to `high` (included if `high_in`)."
+    if isinstance(value, bool) or not isinstance(value, Real) or not low <= value <= high:
+        return False
+    return high_in or value < high
+
+
+def _check_values(state: dict, path: Path) -> None:
+    """Raise ValueError naming `path` unless the numbers in checkpoint `state` can be trained on:
+    counts, finite weights, hyperparameters in range, a table of numbers."""
+    for key in ('epoch', 'epochs', 'n_iter'):
+        v = state.get(key)
+        if v is not None and (type(v) is not int or v < 0):
+            raise ValueError(f"{path}: its {key} is {v!r}, where a checkpoint holds an int >= 0")
+    opt = state['opt']
+    tensors = [(f"weight {k}", v) for k, v in state['model'].items()]
+    tensors += [
+        (f"optimizer's {k} of parameter {pid}", v)
+        for pid, st in opt.get('state', {}).items()
+        for k, v in st.items()
+    ]
+    for name, v in tensors:
+        if isinstance(v, torch.Tensor) and v.is_floating_point() and not bool(v.isfinite().all()):
+            raise ValueError(f"{path}: its {name} holds nan or inf: nothing to train on")
+    ranges = {  # (low, high, high included)
+        'lr': (0, math.inf, False),
+        'momentum': (0, 1, True),
+        'weight_decay': (0, math.inf, False),
+        'eps': (0, math.inf, False),
+    }
+    for i, group in enumerate(opt['hypers'] if 'hypers' in opt else opt['param_groups']):
+        values = [(k, group[k]) for k in ranges if k in group]
+        values += [(f'betas[{j}]', b) for j, b in enumerate(group.get('betas', ()))]
+        for k, v in values:
+            low, high, high_in = ranges.get(k, (0, 1, False))
+            if not _number(v, low, high, high_in):
+                bound = ']' if high_in else ')'
+                raise ValueError(
+                    f"{path}: its optimizer's {k} (group {i}) is {v!r}, outside "
+                    f"[{low}, {high}{bound}"
+                )
+    for key, cb_state in state['callbacks'].items():
+        rows = cb_state.get('history') if isinstance(cb_state, dict) else None
+        for row in rows if isinstance(rows, list) else []:
+            for column, v in row.items() if isinstance(row, dict) else ():
+                if isinstance(v, bool) or not isinstance(v, Real):
+                    raise ValueError(
+                        f"{path}: its {key} table holds {v!r} in column {column!r}, not a number"
+                    )
+    identity = state.get('identity')
+    if identity is not None and not isinstance(identity, dict):
+        raise ValueError(f"{path}: its run identity is {identity!r}, not a dict")
+
+
+def _precision_note(learn: Learner, state: dict, path: Path) -> None:
+    "Warn, in one line, when a learner that trains in fp16 loads a checkpoint saved in fp32."
+    mp = learn.find(MixedPrecision)
+    if mp is not None and mp.dynamic and mp.name not in state['callbacks']:
+        warnings.warn(
+            f"{path} was saved by a learner that trains in fp32: its weights become this "
+            "learner's fp32 masters, and the loss scale starts afresh",
+            stacklevel=3,
+        )
 
 
 def load_checkpoint(learn: Learner, path: str | os.PathLike) -> dict:
@@ -328,6 +431,8 @@ def load_checkpoint(learn: Learner, path: str | os.PathLike) -> dict:
     state = read_checkpoint(path)
     # every piece, before any is loaded: a checkpoint that does not fit changes nothing
     _check_fits(learn, state, path)
+    _check_values(state, path)
+    _precision_note(learn, state, path)
     device = next(learn.model.parameters()).device
     learn.model.float()
     learn.model.load_state_dict(state['model'])
@@ -343,7 +448,7 @@ def load_checkpoint(learn: Learner, path: str | os.PathLike) -> dict:
 def save_checkpoint(learn: Learner, path: str | os.PathLike, run: Runner | None = None) -> Path:
     """Write a checkpoint of `learn` (`run`: its fit, default `learn.run`) to `path`, atomically,
     unless this process is not rank 0."""
-    path = Path(path)
+    path = _file_path(path)
     # data-parallel: the processes hold the same weights, rank 0 writes them for all
     if getattr(learn, 'rank', 0) != 0:
         return path

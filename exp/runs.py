@@ -6,6 +6,8 @@
 from __future__ import annotations
 
 import csv
+import errno
+import io
 import json
 import os
 import shlex
@@ -30,13 +32,15 @@ try:
     import fcntl
 except ImportError:
     fcntl = None  # Windows: msvcrt's locking instead
+# a claim file that is a link is not opened through it (Windows has no links to follow here)
+_NOFOLLOW = getattr(os, 'O_NOFOLLOW', 0)
 
 # %% auto #0
 __all__ = ['CHECKPOINT', 'TRACEBACK', 'PARTIAL', 'LOCK_GRACE', 'partial_folder', 'check_out', 'save_plot', 'write_metrics',
-           'write_config', 'RunFolderError', 'RunClaim', 'describe_holder', 'claim_run_folder', 'finish_run',
-           'keep_run', 'out_of', 'find_run', 'check_free', 'flag', 'spelt', 'check_unchanged', 'resume_epoch',
-           'restarted_run', 'Stopped', 'hold_stops', 'stop_on_signals', 'exit_code', 'run_command', 'program',
-           'rank_prefix', 'fail', 'failure_line']
+           'write_config', 'RunFolderError', 'RunClaim', 'describe_holder', 'claim_run_folder', 'check_replaceable',
+           'reclaim_run_folder', 'finish_run', 'keep_run', 'out_of', 'find_run', 'check_free', 'flag', 'spelt',
+           'check_unchanged', 'check_identity', 'resume_epoch', 'restarted_run', 'Stopped', 'hold_stops',
+           'stop_on_signals', 'exit_code', 'run_command', 'program', 'rank_prefix', 'fail', 'failure_line']
 
 # %% ../nbs/A3_runs.ipynb #93df6a95
 # the run's checkpoint, written after every epoch: what --resume continues from
@@ -84,6 +88,10 @@ def check_out(out: str | os.PathLike | None = None) -> Path:
         raise ValueError(
             f"--out {path} is a symbolic link (to {os.readlink(path)}): give the folder itself"
         )
+    if path.name.endswith(PARTIAL):  # finished, it would still look unfinished
+        raise ValueError(
+            f"--out {path}: a name ending in {PARTIAL} is an unfinished run's; give another name"
+        )
     if path.exists() and not path.is_dir():
         raise ValueError(f"--out {path}: exists and is not a folder")
     if path.is_dir() and any(path.iterdir()):
@@ -116,15 +124,19 @@ def save_plot(plot, path: Path) -> None:
     fig = Figure(figsize=(6, 4))
     plot(ax=fig.subplots())
     fig.tight_layout()
-    fig.savefig(path, dpi=80)
+    png = io.BytesIO()
+    fig.savefig(png, format='png', dpi=80)
+    # whole or not at all; a link at `path` is replaced, never written through
+    atomic_write(path, png.getvalue())
 
 
 def write_metrics(history: list[dict], path: Path) -> None:
     "AvgStatsCallback's `history` (one dict per epoch) as a CSV file with a header row."
-    with open(path, 'w', newline='') as f:
-        writer = csv.DictWriter(f, fieldnames=list(history[0]) if history else ['epoch'])
-        writer.writeheader()
-        writer.writerows(history)
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=list(history[0]) if history else ['epoch'])
+    writer.writeheader()
+    writer.writerows(history)
+    atomic_write(path, text.getvalue().encode())  # as save_plot: a link is replaced
 
 
 def write_config(folder: Path, config) -> None:
@@ -199,7 +211,10 @@ class RunClaim:
     def take(cls, folder: Path) -> RunClaim:
         """Claim `folder`; raises RunFolderError naming the holder if a live process holds it. A
         dead holder's claim is taken over."""
-        fd = os.open(folder / cls.FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        path = folder / cls.FILE
+        if path.is_symlink():  # no claim of ours: remove the link, write nothing it points to
+            path.unlink()
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
         try:
             _lock(fd)
         except OSError:
@@ -208,19 +223,28 @@ class RunClaim:
             raise RunFolderError(
                 f"{folder} is held by a trainer that is running now ({describe_holder(holder)})"
             ) from None
-        previous = cls._read(fd)
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, json.dumps(cls.identity()).encode())
+        try:
+            previous = cls._read(fd)
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, json.dumps(cls.identity()).encode())
+        except OSError:  # a full disk: the lock goes with the file
+            os.close(fd)
+            raise
         return cls(folder, fd, previous)
 
     @classmethod
     def holder(cls, folder: Path) -> dict | None:
         "Who holds `folder` now, if a live process does (else None); changes nothing."
         try:
-            fd = os.open(folder / cls.FILE, os.O_RDONLY)  # a lock needs no write access
+            # a lock needs no write access; a link is no claim of ours
+            fd = os.open(folder / cls.FILE, os.O_RDONLY | _NOFOLLOW)
         except FileNotFoundError:
             return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                return None
+            raise
         try:
             _lock(fd)
             # we could lock it: nobody holds it (closing the file drops our lock at once)
@@ -286,7 +310,54 @@ def claim_run_folder(out: Path, more: bool = False) -> tuple[Path, Path, RunClai
         if more and (name.exists() or name.is_symlink()):  # a finished run has this name
             folder.rmdir()
             continue
-        return name, folder, RunClaim.take(folder)
+        try:
+            inside = f"give a folder inside it: --out {name / 'run'}"
+            check_replaceable(name, f"--out {out}", inside)
+            return name, folder, _take(folder, f"--out {out}")
+        except RunFolderError:
+            shutil.rmtree(folder, ignore_errors=True)  # nothing was written: nothing is left
+            raise
+
+
+def check_replaceable(out: Path, what: str, then: str) -> None:
+    """Raise RunFolderError (`what`: the option, `then`: the way out) if `out` is an empty folder
+    that the finished run cannot take the place of (a mount point: EBUSY)."""
+    if out.is_symlink() or not out.is_dir():
+        return
+    if any(out.iterdir()):  # made since the run began
+        raise RunFolderError(
+            f"{what}: {out} exists and is not empty, so the finished run cannot take its name: "
+            "move it away first"
+        )
+    try:  # what finish_run will do, done now: a volume's mount point refuses it
+        out.rmdir()
+        out.mkdir()
+    except OSError as e:
+        raise RunFolderError(
+            f"{what}: {out} is an empty folder that the finished run cannot replace ({e.strerror}: "
+            f"a mount point?); {then}"
+        ) from None
+
+
+def _take(folder: Path, what: str) -> RunClaim:
+    "RunClaim.take(folder); a failure to write the claim (a full disk) as a RunFolderError."
+    try:
+        return RunClaim.take(folder)
+    except OSError as e:
+        raise RunFolderError(
+            f"{what}: cannot claim {folder} ({e.strerror}): nothing was written; run the same "
+            "command again"
+        ) from None
+
+
+def reclaim_run_folder(folder: Path) -> RunClaim:
+    """Claim the partial folder `folder` of a run to resume; raises RunFolderError, changing
+    nothing, if it cannot be claimed or finished."""
+    out = out_of(folder)
+    inside = out / folder.name
+    then = f"move the run into it (mv {folder} {inside}) and resume that: --resume {inside}"
+    check_replaceable(out, f"--resume {folder}", then)
+    return _take(folder, f"--resume {folder}")
 
 # %% ../nbs/A3_runs.ipynb #a3r00009
 def finish_run(folder: Path, out: Path, claim: RunClaim, history: list[dict], recorder) -> None:
@@ -309,8 +380,8 @@ def keep_run(folder: Path, claim: RunClaim, e: BaseException) -> Path | None:
     if (folder / CHECKPOINT).is_file():
         kept = folder
         if not isinstance(e, KeyboardInterrupt):
-            try:
-                (folder / TRACEBACK).write_text(''.join(traceback.format_exception(e)))
+            try:  # as the run's other files: a link there is replaced
+                atomic_write(folder / TRACEBACK, ''.join(traceback.format_exception(e)).encode())
             except OSError:
                 pass  # a full disk, say: the one line still tells what happened
     # nothing to resume from: no folder holding a checkpoint goes
@@ -329,8 +400,10 @@ def find_run(resume: str | os.PathLike) -> Path:
     """The partial folder that `--resume RUN` names: the folder itself, the checkpoint in it, or the
     run folder it will become."""
     path = Path(resume)
-    if path.is_symlink():
+    if path.is_symlink() or path.name in ('', '.', '..'):
         path = path.resolve()
+    if not path.name:  # '/': no run folder has no name
+        raise ValueError(f"--resume {resume}: not a run folder of exp.train")
     if path.is_file():
         if path.name != CHECKPOINT:
             raise ValueError(f"--resume {resume}: a file, but not a run's {CHECKPOINT}")
@@ -391,9 +464,35 @@ def check_unchanged(folder: Path, run, asked, given: dict, names: tuple, key=Non
         )
 
 
-def resume_epoch(learn, path: Path, arch: str) -> int:
+def check_identity(path: Path, saved: dict | None, identity: dict) -> str | None:
+    """Raise ValueError unless the run identity `saved` in the checkpoint `path` is `identity`
+    (options, data); a note if it has none."""
+    if saved is None:
+        return (
+            f"note: {path} carries no run identity (an older checkpoint): it cannot be checked "
+            "to belong to this run and its data"
+        )
+    theirs, ours = saved.get('options') or {}, identity['options']
+    changes = [
+        f"{spelt(k, theirs[k])} (this run's: {spelt(k, ours[k])})"
+        for k in ours
+        if k in theirs and theirs[k] != ours[k]
+    ]
+    if changes:
+        raise ValueError(
+            f"--resume {path}: that checkpoint belongs to another run: {'; '.join(changes)}"
+        )
+    if saved.get('data') != identity['data']:
+        raise ValueError(
+            f"--resume {path}: the files of --data {ours.get('data')} changed since the run "
+            "started (their sha256 is not the checkpoint's): resume with the data it started with"
+        )
+    return None
+
+
+def resume_epoch(learn, path: Path, arch: str, identity: dict | None = None) -> int:
     """Load the checkpoint `path` into `learn` (so that a mismatch fails now); the epoch to start
-    at. `arch` names the model in the error."""
+    at. `arch` names the model in the error; `identity`, the run's."""
     try:
         state = learn.load(path)
     except CheckpointMismatch as e:
@@ -411,6 +510,9 @@ def resume_epoch(learn, path: Path, arch: str) -> int:
         raise ValueError(
             f"--resume {path}: not saved during a fit, so there is no epoch to continue after"
         )
+    note = check_identity(path, state.get('identity'), identity) if identity else None
+    if note is not None:
+        print(f"{program()}: {note}", file=sys.stderr, flush=True)
     # = epochs when only the run's files were left to write: resuming writes them
     return state['epoch'] + 1
 
@@ -428,6 +530,8 @@ def restarted_run(out: str | None) -> Path | None:
             continue
         if out is not None:
             return folder
+        if (folder / RunClaim.FILE).is_symlink():
+            continue
         try:
             holder = json.loads((folder / RunClaim.FILE).read_text())
         except (OSError, ValueError):
@@ -452,12 +556,17 @@ def _stop(signum: int, frame) -> None:
 
 
 def hold_stops() -> None:
-    """Ignore SIGTERM and SIGHUP from now on, where they would stop the trainer: it is already
-    stopping, and says why."""
+    """Ignore SIGTERM, SIGHUP and Ctrl-C from now on, where they would stop the trainer: it is
+    already stopping, and says why."""
+    held = False
     for name in ('SIGTERM', 'SIGHUP'):
         s = getattr(signal, name, None)
         if s is not None and signal.getsignal(s) is _stop:
             signal.signal(s, signal.SIG_IGN)
+            held = True
+    # Ctrl-C only within stop_on_signals, which gives it back: a notebook's kernel keeps its own
+    if held:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @contextmanager
@@ -467,11 +576,18 @@ def stop_on_signals() -> Iterator[None]:
         s: signal.signal(s, _stop)
         for s in (getattr(signal, n) for n in ('SIGTERM', 'SIGHUP') if hasattr(signal, n))
     }
+    previous[signal.SIGINT] = signal.getsignal(signal.SIGINT)  # hold_stops may ignore it
+    ending = False
     try:
         yield
+    except SystemExit:
+        # the program ends after a stop: a second one, in its exit handlers, stays ignored
+        ending = signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        raise
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        if not ending:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 def exit_code(e: BaseException) -> int:

@@ -5,42 +5,56 @@
 # %% ../nbs/A3b_train.ipynb #b5b61c64
 from __future__ import annotations
 
-import argparse
-import json
-import math
 import os
-from dataclasses import asdict, dataclass, replace
-from functools import partial
-from numbers import Real
-from pathlib import Path
+import sys
 
-import torch
-from torch import nn
+try:  # Ctrl-C while torch loads (a second or more) is one line too, not a traceback
+    import argparse
+    import hashlib
+    import json
+    import math
+    from dataclasses import asdict, dataclass, replace
+    from functools import partial
+    from numbers import Real
+    from pathlib import Path
 
-from .callbacks import DataBunch, Learner
-from .cnn import DeviceCallback, Lambda, default_device, flatten, get_cnn_model, simple_cnn
-from .data import DATASETS, KNOWN_DATA, MAX_SEED, CommandLine, DownloadError, get_data
-from .data import normalize, remove_stale_parts, set_seed
-from .distributed import DistributedError, shutdown  # it also adds Learner.to_distributed
-from .learner import SaveModelCallback
-from .loss import accuracy
-from .minibatch import Dataset, get_dls
-from .optimizers import SGD
-from .runs import CHECKPOINT, LOCK_GRACE, PARTIAL, TRACEBACK, RunClaim, RunFolderError, Stopped
-from .runs import check_free, check_out, check_unchanged, claim_run_folder, exit_code, fail
-from .runs import failure_line, find_run, finish_run, flag, hold_stops, keep_run, out_of
-from .runs import partial_folder, program, restarted_run, resume_epoch, run_command, save_plot
-from .runs import stop_on_signals, write_config
+    import torch
+    from torch import nn
+
+    from exp.callbacks import DataBunch, Learner
+    from exp.cnn import DeviceCallback, Lambda, default_device, flatten, get_cnn_model, simple_cnn
+    from exp.data import DATASETS, IDX_FILES, KNOWN_DATA, MAX_SEED, CommandLine, DownloadError
+    from exp.data import get_data, normalize, remove_stale_parts, set_seed, sha256sum
+    from exp.distributed import DistributedError, shutdown  # it adds Learner.to_distributed
+    from exp.learner import SaveModelCallback
+    from exp.loss import accuracy
+    from exp.minibatch import Dataset, get_dls
+    from exp.optimizers import SGD
+    from exp.runs import CHECKPOINT, LOCK_GRACE, PARTIAL, TRACEBACK, RunClaim, RunFolderError
+    from exp.runs import Stopped, check_free, check_out, check_unchanged, claim_run_folder
+    from exp.runs import exit_code, fail, failure_line, find_run, finish_run, flag, hold_stops
+    from exp.runs import keep_run, out_of, partial_folder, program, reclaim_run_folder
+    from exp.runs import restarted_run, resume_epoch, run_command, save_plot, stop_on_signals
+    from exp.runs import write_config
+except KeyboardInterrupt:
+    command = os.path.basename(sys.argv[0]) if sys.argv else ''
+    # imported by a program of its own, or a notebook's kernel (no file): their Ctrl-C
+    if command != 'exp-train' and not (__name__ == '__main__' and '__file__' in globals()):
+        raise
+    name = 'exp-train' if command == 'exp-train' else 'exp.train'
+    print(f"{name}: interrupted (Ctrl-C) while starting: nothing was written", file=sys.stderr)
+    raise SystemExit(130) from None
 
 # built in notebook A3 (exp.runs) and importable from here, as before
 _all_ = ['CHECKPOINT', 'PARTIAL', 'LOCK_GRACE', 'TRACEBACK', 'partial_folder', 'check_out']
 _all_ += ['RunFolderError', 'RunClaim', 'claim_run_folder', 'find_run', 'Stopped']
 
 # %% auto #0
-__all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'ONE_CYCLE', 'RUN_OPTIONS', 'MAX_CLASSES', 'TrainConfig', 'check_config',
-           'load_databunch', 'build_model', 'resolve_fp16', 'build_learner', 'read_run_config', 'resumed_config',
-           'Trainer', 'make_parser', 'main', 'CHECKPOINT', 'PARTIAL', 'LOCK_GRACE', 'TRACEBACK', 'partial_folder',
-           'check_out', 'RunFolderError', 'RunClaim', 'claim_run_folder', 'find_run', 'Stopped']
+__all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'ONE_CYCLE', 'RUN_OPTIONS', 'MAX_LR', 'MAX_CLASSES', 'TrainConfig',
+           'check_config', 'load_databunch', 'build_model', 'resolve_fp16', 'build_learner', 'read_run_config',
+           'data_fingerprint', 'run_identity', 'resumed_config', 'Trainer', 'make_parser', 'main', 'CHECKPOINT',
+           'PARTIAL', 'LOCK_GRACE', 'TRACEBACK', 'partial_folder', 'check_out', 'RunFolderError', 'RunClaim',
+           'claim_run_folder', 'find_run', 'Stopped']
 
 # %% ../nbs/A3b_train.ipynb #3a673a38
 ARCHS = ('mlp', 'cnn', 'simple_cnn')
@@ -51,6 +65,8 @@ DEFAULT_LRS = {'mlp': 0.03, 'cnn': 0.1, 'simple_cnn': 0.3}
 ONE_CYCLE = dict(div_factor=10.0, final_div=1e5)
 # what a resumed run may not change
 RUN_OPTIONS = ('data', 'arch', 'epochs', 'bs', 'lr', 'one_cycle', 'fp16', 'seed')
+# an lr above it is a typo (1e308 overflows to inf in the schedule); the finder stops at 10
+MAX_LR = 1000.0
 
 
 @dataclass
@@ -83,6 +99,8 @@ class TrainConfig:
         _choice('arch', self.arch, ARCHS)
         _choice('fp16', self.fp16, FP16_MODES)
         lr = None if self.lr is None else _positive('lr', self.lr)
+        if lr is not None and lr > MAX_LR:
+            raise ValueError(f"--lr must be at most {MAX_LR:g} (a typo?), got {self.lr!r}")
         lr_find = _bool('lr_find', self.lr_find)
         _bool('one_cycle', self.one_cycle)
         resume = _path_str('resume', self.resume)
@@ -266,6 +284,31 @@ def _comparable(name: str, value):
     return resolve_fp16(value) if name == 'fp16' else value
 
 
+def data_fingerprint(data: str) -> str | None:
+    """The sha256 of the IDX files of a `--data FOLDER` (None for a named data set: it is pinned); a
+    resume checks it."""
+    if data in KNOWN_DATA:
+        return None
+    # the files' bytes, not the loaded tensors: normalising them sums in an order that varies with
+    # the number of threads, and a run may resume on another machine
+    digest = hashlib.sha256()
+    for stem in IDX_FILES:
+        dotted = stem.replace('-idx', '.idx')
+        for name in (stem, stem + '.gz', dotted, dotted + '.gz'):  # the names the loader tries
+            if (Path(data) / name).is_file():
+                digest.update(f"{name} {sha256sum(Path(data) / name)}\n".encode())
+    return digest.hexdigest()
+
+
+def run_identity(config: TrainConfig, fingerprint: str | None) -> dict:
+    """What a checkpoint records of its run: the options it may not change, its folder, its data's
+    fingerprint."""
+    return {
+        'options': {k: getattr(config, k) for k in (*RUN_OPTIONS, 'out')},
+        'data': fingerprint,
+    }
+
+
 def resumed_config(folder: Path, given: dict) -> TrainConfig:
     """The options to resume the run in `folder`: its own; raises ValueError listing every option in
     `given` that would change it."""
@@ -306,10 +349,16 @@ class Trainer:
         self.claim = self.history = self.config = self.saver = self.kept = None
         self.stage = 'setting up'
         self.learn = _learner(self.cfg)
+        self.fingerprint = data_fingerprint(self.cfg.data)
+        if self.folder is not None:  # each checkpoint says which run, and which data, it is of
+            identity = run_identity(read_run_config(self.folder), self.fingerprint)
+            self.learn.run_identity = identity
         ckpt = self.folder / CHECKPOINT if self.folder else None
         # a run killed in its first epoch has none
         self.checkpoint = ckpt if ckpt is not None and ckpt.is_file() else None
-        self.start_epoch = resume_epoch(self.learn, ckpt, self.cfg.arch) if self.checkpoint else 0
+        self.start_epoch = (
+            resume_epoch(self.learn, ckpt, self.cfg.arch, identity) if self.checkpoint else 0
+        )
         # the epoch the run's checkpoint holds
         self.saved_epoch = self.start_epoch - 1 if self.checkpoint else None
         # under torchrun (notebook 12) rank 0 prints and writes the run; the others train alongside
@@ -345,12 +394,13 @@ class Trainer:
             new = claim_run_folder(self.out, more=self.cfg.out is None)
             self.out, self.folder, self.claim = new
         else:
-            self.claim = RunClaim.take(self.folder)  # a resumed run takes its folder back
+            self.claim = reclaim_run_folder(self.folder)  # a resumed run takes its folder back
         try:
             remove_stale_parts(self.folder)  # what a killed process was writing
             (self.folder / TRACEBACK).unlink(missing_ok=True)
             lr = self._pick_lr()
             self.config = self._write_config(lr)
+            self.learn.run_identity = run_identity(self.config, self.fingerprint)
             print(self.describe(lr), flush=True)
             self.saver = SaveModelCallback(self.folder / CHECKPOINT, every='epoch')
             self.stage = 'training'
@@ -401,7 +451,11 @@ class Trainer:
     def report(self, e: BaseException) -> str:
         """One line on the failure `e` of `fit`: what went wrong, what was kept, and the command
         that continues the run."""
-        where = f"during epoch {self.learn.run.epoch}" if self.stage == 'training' else self.stage
+        where = self.stage
+        if self.stage == 'training':
+            # stopped before the fit's Runner exists (its optimizer being built): no epoch yet
+            epoch = getattr(self.learn.run, 'epoch', None)
+            where = 'as training began' if epoch is None else f"during epoch {epoch}"
         return failure_line(e, where, self.kept, self.saved_epoch)
 
 
@@ -480,6 +534,8 @@ def main(argv: list[str] | None = None) -> None:
         trainer = Trainer(**options)
     except (ValueError, TypeError, OSError) as e:
         fail(e)
+    except KeyboardInterrupt:  # set-up writes nothing
+        fail('interrupted (Ctrl-C) while setting up: nothing was written', 130)
     # under torchrun: the process group could not be set up (a broken environment, no peers)
     except RuntimeError as e:
         if 'WORLD_SIZE' not in os.environ:

@@ -4,6 +4,7 @@ save, load and resume are tested through the Learner in tests/test_learner.py.""
 
 import subprocess
 import sys
+import warnings
 from functools import partial
 from pathlib import Path
 
@@ -130,3 +131,139 @@ def test_interrupt_note_names_the_last_checkpoint(tmp_path):
     bare = Runner(cbs=[])
     bare.fit(1, make_learner())
     assert ckpt.interrupt_note(bare).endswith('no checkpoint was written.')
+
+
+def fitted_state(tmp_path):
+    "The checkpoint of a 1-epoch fit with a table (accuracy) and a Recorder: (state, learner)."
+    from exp.anneal import Recorder
+    from exp.loss import accuracy
+
+    learn = make_learner()
+    learn.metrics = [accuracy]
+    run = Runner(cbs=[Recorder(), ckpt.SaveModelCallback(tmp_path / 'fit.pth')])
+    run.fit(1, learn)
+    return ckpt.read_checkpoint(tmp_path / 'fit.pth'), learn
+
+
+def set_lr(state, v):
+    state['opt']['param_groups'][0]['lr'] = v
+
+
+def set_momentum(state, v):
+    state['opt']['param_groups'][0]['momentum'] = v
+
+
+def nan_weight(state):
+    state['model']['0.weight'][0, 0] = float('nan')
+
+
+def scalar_buffer(state):
+    state['opt']['state'][0]['momentum_buffer'] = torch.tensor(0.5)
+
+
+def string_in_table(state):
+    state['callbacks']['avg_stats']['history'][0]['valid_loss'] = 'low'
+
+
+def bad_recorder(state):
+    state['callbacks']['recorder'] = {'lrs': [torch.zeros(3)], 'losses': torch.zeros(2)}
+
+
+BAD_VALUES = {
+    'epoch -5': (lambda s: s.update(epoch=-5), "its epoch is -5"),
+    "epoch '1'": (lambda s: s.update(epoch='1'), "its epoch is '1'"),
+    'lr nan': (lambda s: set_lr(s, float('nan')), 'lr must be >= 0 and finite, got nan'),
+    "lr 'fast'": (lambda s: set_lr(s, 'fast'), "lr must be a real number, got 'fast'"),
+    'momentum 5': (lambda s: set_momentum(s, 5), 'momentum must be in [0, 1), got 5'),
+    'nan weights': (nan_weight, 'its weight 0.weight holds nan or inf'),
+    '0-d momentum buffer': (scalar_buffer, 'momentum_buffer of parameter 0 is (), the parameter'),
+    'a string in the table': (string_in_table, "its avg_stats table holds 'low'"),
+    'a bad Recorder state': (bad_recorder, 'a Recorder state holds'),
+}
+
+
+@pytest.mark.parametrize('case', BAD_VALUES)
+def test_values_a_fit_cannot_use_are_refused_and_change_nothing(tmp_path, case):
+    "A signed checkpoint holding values a fit cannot train on: refused in one line, nothing loaded."
+    state, _ = fitted_state(tmp_path)
+    spoil, message = BAD_VALUES[case]
+    spoil(state)
+    path = ckpt.write_checkpoint(state, tmp_path / 'bad.pth')  # its digest is right
+    other = make_learner(seed=1)
+    from exp.loss import accuracy
+
+    other.metrics = [accuracy]
+    before = {k: v.clone() for k, v in other.model.state_dict().items()}
+    with pytest.raises(ValueError) as e:
+        ckpt.load_checkpoint(other, path)
+    assert message in str(e.value) and '\n' not in str(e.value), str(e.value)
+    for k, v in other.model.state_dict().items():
+        ft.test_eq(v, before[k])
+    ft.test_eq(other.opt.state_dict()['state'], {})
+
+
+def test_the_learners_fit_resume_refused_leaves_the_learner_as_it_was(tmp_path):
+    "fit(resume=) of a checkpoint whose Recorder state is bad: refused before any weight changes."
+    import exp.learner  # noqa: F401 (adds Learner.fit, with resume)
+
+    state, _ = fitted_state(tmp_path)
+    bad_recorder(state)
+    path = ckpt.write_checkpoint(state, tmp_path / 'bad.pth')
+    other = make_learner(seed=1)
+    other.display = 'off'
+    before = {k: v.clone() for k, v in other.model.state_dict().items()}
+    with pytest.raises(ValueError, match='a Recorder state holds'):
+        other.fit(2, resume=path)
+    for k, v in other.model.state_dict().items():
+        ft.test_eq(v, before[k])
+
+
+def test_a_good_fitted_checkpoint_still_loads(tmp_path):
+    state, learn = fitted_state(tmp_path)
+    other = make_learner(seed=1)
+    ckpt.load_checkpoint(other, tmp_path / 'fit.pth')
+    for p, q in zip(learn.model.parameters(), other.model.parameters()):
+        ft.test_eq(p.detach(), q.detach())
+
+
+def test_a_valid_digest_over_an_archive_torch_refuses_is_one_line(tmp_path):
+    "An extra member in the zip, the digest recomputed: torch.load's refusal, in one line."
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    torch.save(ckpt.checkpoint_state(make_learner()), buffer)
+    with zipfile.ZipFile(buffer, 'a') as z:
+        z.writestr('extra/stray.txt', 'not torch')
+    path = tmp_path / 'extra.pth'
+    path.write_bytes(ckpt._with_digest(buffer.getvalue()))
+    with pytest.raises(ValueError, match=r'extra\.pth cannot be read as a checkpoint \(torch') as e:
+        ckpt.read_checkpoint(path)
+    assert '\n' not in str(e.value)
+    with pytest.raises(ValueError, match='cannot be read as a checkpoint'):
+        ckpt.load_checkpoint(make_learner(), path)
+
+
+@pytest.mark.parametrize('path', ['', '.'])
+def test_saving_to_no_file_is_refused_in_one_line(tmp_path, monkeypatch, path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=f"path must be a file's path, got '{path}'"):
+        ckpt.save_checkpoint(make_learner(), path)
+    with pytest.raises(ValueError, match="path must be a file's path, got ''"):
+        ckpt.write_checkpoint({}, '')
+    ft.test_eq(list(tmp_path.iterdir()), [])
+
+
+def test_an_fp16_learner_loading_an_fp32_checkpoint_says_so(tmp_path):
+    from exp.fp16 import to_fp16
+
+    path = ckpt.write_checkpoint(ckpt.checkpoint_state(make_learner()), tmp_path / 'fp32.pth')
+    learn = to_fp16(make_learner(seed=1))
+    with pytest.warns(UserWarning, match='saved by a learner that trains in fp32') as w:
+        ckpt.load_checkpoint(learn, path)
+    ft.test_eq(len(w), 1)
+    # an fp16 checkpoint into an fp16 learner: no word
+    path16 = ckpt.write_checkpoint(ckpt.checkpoint_state(learn), tmp_path / 'fp16.pth')
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        ckpt.load_checkpoint(to_fp16(make_learner(seed=2)), path16)

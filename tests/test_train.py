@@ -54,6 +54,9 @@ def cli(*args) -> tuple[int, str, str]:
     returned)."""
     argv = sys.argv
     sys.argv = ['exp.train', *map(str, args)]
+    # a program that exits after a stop keeps the stops ignored: this process goes on
+    names = ('SIGINT', 'SIGTERM', 'SIGHUP')
+    handlers = {n: signal.getsignal(getattr(signal, n)) for n in names if hasattr(signal, n)}
     try:
         with warnings.catch_warnings():
             # runpy: exp.train was imported, and now runs as __main__
@@ -64,6 +67,8 @@ def cli(*args) -> tuple[int, str, str]:
         return e.code
     finally:
         sys.argv = argv
+        for n, handler in handlers.items():
+            signal.signal(getattr(signal, n), handler)
 
 
 def files_under(folder: Path) -> set:
@@ -152,6 +157,7 @@ def test_check_config_normalises():
         (dict(lr=0.0), '--lr must be a number > 0'),
         (dict(lr=float('inf')), '--lr must be a number > 0'),
         (dict(lr='0.1'), '--lr must be a number > 0'),
+        (dict(lr=1e308), '--lr must be at most 1000 (a typo?), got 1e+308'),
         (dict(lr_find='yes'), '--lr-find must be True or False'),
         (
             dict(data='cifar10'),
@@ -298,6 +304,7 @@ def make_bad_args(work: Path, mlp_run: Path, partial: Path) -> dict:
         'zero bs': (['--bs', '0'], '--bs must be >= 1, got 0'),
         'negative lr': (['--lr', '-0.1'], '--lr must be a number > 0, got -0.1'),
         'infinite lr': (['--lr', 'inf'], '--lr must be a number > 0, got inf'),
+        'absurd lr': (['--lr', '1e308'], '--lr must be at most 1000 (a typo?), got 1e+308'),
         'lr and lr-find': (['--lr', '0.1', '--lr-find'], 'give --lr or --lr-find, not both'),
         'unknown data name': (
             ['--data', 'cifar10'],
@@ -335,11 +342,16 @@ def make_bad_args(work: Path, mlp_run: Path, partial: Path) -> dict:
             ['--out', 'held'],
             'an unfinished run is in held.partial: continue it with --resume held.partial',
         ),
+        'out ends in .partial': (
+            ['--out', 'x.partial'],
+            '--out x.partial: a name ending in .partial is an unfinished run',
+        ),
         'out unwritable': (
             ['--out', '/proc/exp-train-test/run'],
             'cannot create a folder in /proc',
         ),
         'resume missing': (['--resume', 'missing'], '--resume missing: no such run folder'),
+        'resume the root': (['--resume', '/'], '--resume /: not a run folder of exp.train'),
         'resume a file': (
             ['--resume', 'garbage.pth'],
             "--resume garbage.pth: a file, but not a run's model.pth",
@@ -369,6 +381,7 @@ BAD_CASES = [
     'zero bs',
     'negative lr',
     'infinite lr',
+    'absurd lr',
     'lr and lr-find',
     'unknown data name',
     'folder without IDX files',
@@ -388,8 +401,10 @@ BAD_CASES = [
     'out not empty',
     'out is a symbolic link',
     'out holds an unfinished run',
+    'out ends in .partial',
     'out unwritable',
     'resume missing',
+    'resume the root',
     'resume a file',
     'resume a finished run',
     'resume, another arch',
@@ -1137,3 +1152,250 @@ def test_default_run_accuracy(tmp_path):
     ft.test_eq(len(rows), TrainConfig.epochs)
     acc = float(rows[-1][header.index('valid_accuracy')])
     assert acc >= 0.95, f'seed 0: valid accuracy {acc:.4f} < 0.95\n{proc.stdout}'
+
+
+# ---------------- what a hostile tester tried
+
+
+def test_resume_never_writes_through_links_in_the_partial_folder(mlp_partial, tmp_path):
+    """.claim, metrics.csv, loss.png and traceback.txt as links out of the folder: the files they
+    point to are left alone; the run's own files replace the links."""
+    outside = tmp_path / 'outside'
+    outside.mkdir()
+    names = ('.claim', 'metrics.csv', 'loss.png', 'lr.png', TRACEBACK)
+    for name in names:
+        (outside / name).write_text(f'precious {name}')
+        (mlp_partial / name).unlink(missing_ok=True)
+        (mlp_partial / name).symlink_to(outside / name)
+    trainer = Trainer(resume=mlp_partial)
+    trainer.fit()
+    for name in names:
+        ft.test_eq((outside / name).read_text(), f'precious {name}')
+    run = trainer.out
+    assert not any(p.is_symlink() for p in run.iterdir())
+    ft.test_eq(sorted(p.name for p in run.iterdir()), RUN_FILES)
+    ft.test_eq(read_metrics(run / 'metrics.csv')[0], COLUMNS)
+    ft.test_eq((run / 'loss.png').read_bytes()[:8], PNG)
+
+
+def stopped_mlp(out: Path, epoch: int = 0, **options) -> Path:
+    "The partial folder of an MLP run of 2 epochs stopped by a Ctrl-C after `epoch`."
+    trainer = Trainer(arch='mlp', epochs=2, out=out, **options)
+    trainer.learn.cbs.append(Interrupt(epoch))
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit()
+    return trainer.kept
+
+
+def test_resume_refuses_the_checkpoint_of_another_run(tmp_path, capsys):
+    ours = stopped_mlp(tmp_path / 'ours')
+    theirs = stopped_mlp(tmp_path / 'theirs', bs=64, lr=0.1, seed=7)
+    shutil.copy(theirs / CHECKPOINT, ours / CHECKPOINT)
+    with pytest.raises(ValueError) as e:
+        Trainer(resume=ours)
+    message = str(e.value)
+    assert message.startswith(f'--resume {ours / CHECKPOINT}: that checkpoint belongs to another')
+    for change in ("--bs 64 (this run's: --bs 32)", '--lr 0.1', '--seed 7', '--out '):
+        assert change in message, message
+    ft.test_eq(message.count('\n'), 0)
+    # the same from the command line: one line, exit code 2
+    ft.test_eq(cli('--resume', ours), 2)
+    err = capsys.readouterr().err
+    ft.test_eq(err.count('\n'), 1)
+    assert 'that checkpoint belongs to another run' in err, err
+
+
+def test_resume_refuses_a_data_folder_whose_files_changed(tmp_path, capsys):
+    data = idx_folder(tmp_path / 'data')
+    folder = stopped_mlp(tmp_path / 'run', data=str(data))
+    Trainer(resume=folder)  # unchanged: it resumes
+    g = torch.Generator().manual_seed(1)
+    write_idx(
+        data / IDX_FILES[0], torch.randint(0, 256, (64, 20, 20), dtype=torch.uint8, generator=g)
+    )
+    with pytest.raises(ValueError, match=r'the files of --data .*data changed since the run'):
+        Trainer(resume=folder)
+    ft.test_eq(cli('--resume', folder), 2)
+    err = capsys.readouterr().err
+    ft.test_eq(err.count('\n'), 1)
+    assert 'changed since the run started' in err, err
+
+
+def test_an_old_checkpoint_without_identity_resumes_and_says_it_cannot_be_checked(
+    mlp_partial, capsys
+):
+    from exp.checkpoint import read_checkpoint, write_checkpoint
+
+    state = read_checkpoint(mlp_partial / CHECKPOINT)
+    del state['identity']  # as this library wrote them before
+    write_checkpoint(state, mlp_partial / CHECKPOINT)
+    capsys.readouterr()
+    trainer = Trainer(resume=mlp_partial)
+    err = capsys.readouterr().err
+    ft.test_eq(err.count('\n'), 1)
+    assert 'carries no run identity (an older checkpoint): it cannot be checked' in err, err
+    trainer.fit()
+    # from now on its checkpoints carry it
+    saved = torch.load(trainer.out / CHECKPOINT, weights_only=True)['identity']
+    ft.test_eq((saved['options']['arch'], saved['data']), ('mlp', None))
+
+
+def test_a_full_disk_when_the_folder_is_claimed_leaves_nothing(workdir, monkeypatch, capsys):
+    write = os.write
+
+    def full(fd, data):
+        if os.readlink(f'/proc/self/fd/{fd}').endswith(RunClaim.FILE):
+            raise OSError(28, os.strerror(28))
+        return write(fd, data)
+
+    if not Path('/proc/self/fd').is_dir():
+        pytest.skip('needs /proc (Linux)')
+    args = ['--arch', 'mlp', '--epochs', '1', '--out', 'run']
+    with monkeypatch.context() as m:
+        m.setattr(os, 'write', full)
+        code = cli(*args)
+    err = capsys.readouterr().err
+    ft.test_eq((code, err.count('\n')), (2, 1))
+    assert 'cannot claim run.partial (No space left on device): nothing was written' in err, err
+    ft.test_eq(files_under(workdir), set())
+    ft.test_eq(cli(*args), 0)  # the same command, once there is room
+    ft.test_eq(sorted(p.name for p in (workdir / 'run').iterdir()), RUN_FILES)
+
+
+def test_an_empty_out_that_cannot_be_replaced_is_refused_at_once(workdir, monkeypatch, capsys):
+    """--out an empty mount point (a container's volume): the rename at the end would fail with
+    EBUSY, so the run is refused before it starts, nothing written; a partial folder beside it (an
+    older trainer's) can be moved in and resumed."""
+    (workdir / 'volume').mkdir()
+    rmdir, rename = os.rmdir, os.rename
+
+    def busy(path, *args, **kwargs):
+        if Path(path).absolute() == workdir / 'volume':
+            raise OSError(16, os.strerror(16), str(path))
+        return rmdir(path, *args, **kwargs)
+
+    def busy_rename(src, dst, *args, **kwargs):
+        if Path(dst).absolute() == workdir / 'volume':
+            raise OSError(16, os.strerror(16), str(dst))
+        return rename(src, dst, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(os, 'rmdir', busy)
+        m.setattr(os, 'rename', busy_rename)
+        ft.test_eq(cli('--arch', 'mlp', '--epochs', '1', '--out', 'volume'), 2)
+    err = capsys.readouterr().err
+    ft.test_eq(err.count('\n'), 1)
+    assert (
+        '--out volume: volume is an empty folder that the finished run cannot replace (Device or '
+        'resource busy: '
+        'a mount point?); give a folder inside it: --out volume/run' in err
+    ), err
+    ft.test_eq(files_under(workdir), {'volume'})
+    # a run left beside the volume (as an older trainer wrote it): resuming it says how to save it
+    ft.test_eq(stopped_mlp(workdir / 'volume', epoch=0), workdir / 'volume.partial')
+    monkeypatch.setattr(os, 'rmdir', busy)
+    monkeypatch.setattr(os, 'rename', busy_rename)
+    ft.test_eq(cli('--resume', 'volume.partial'), 2)
+    err = capsys.readouterr().err
+    ft.test_eq(err.count('\n'), 1)
+    assert 'move the run into it (mv volume.partial volume/volume.partial)' in err, err
+    assert (workdir / 'volume.partial' / CHECKPOINT).is_file()  # nothing lost
+    shutil.move(workdir / 'volume.partial', workdir / 'volume' / 'volume.partial')
+    ft.test_eq(cli('--resume', 'volume/volume.partial'), 0)
+    ft.test_eq(sorted(p.name for p in (workdir / 'volume' / 'volume').iterdir()), RUN_FILES)
+
+
+@pytest.mark.parametrize('sig,code', [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_signal_while_the_optimizer_is_first_built(workdir, monkeypatch, capsys, sig, code):
+    "The signal comes before the fit's Runner exists: the usual one line, no AttributeError."
+    import exp.optimizers
+
+    def slow_sgd(*args, **kwargs):
+        os.kill(os.getpid(), sig)
+        time.sleep(5)  # the signal arrives here
+        raise AssertionError('the signal did not stop the trainer')
+
+    # the trainer that cli runs imports it anew
+    monkeypatch.setattr(exp.optimizers, 'SGD', slow_sgd)
+    ft.test_eq(cli('--arch', 'mlp', '--epochs', '1', '--out', 'run'), code)
+    err = capsys.readouterr().err
+    ft.test_eq(err.count('\n'), 1)
+    assert err.startswith(
+        f'exp.train: error: stopped by {signal.Signals(sig).name}, as training began, before any '
+        'checkpoint: nothing was kept'
+    ), err
+    ft.test_eq(files_under(workdir), set())
+
+
+def test_ctrl_c_while_the_optimizer_is_first_built(workdir, monkeypatch, capsys):
+    import exp.optimizers
+
+    def interrupted_sgd(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(exp.optimizers, 'SGD', interrupted_sgd)
+    ft.test_eq(cli('--arch', 'mlp', '--epochs', '1', '--out', 'run'), 130)
+    err = capsys.readouterr().err
+    ft.test_eq(err.count('\n'), 1)
+    assert err.startswith('exp.train: error: interrupted (Ctrl-C), as training began'), err
+
+
+def test_ctrl_c_during_the_imports_is_one_line(tmp_path):
+    "Ctrl-C while torch loads, before the trainer has any of its code: one line, exit code 130."
+    script = tmp_path / 'ctrl_c_at_import.py'
+    script.write_text(
+        textwrap.dedent(
+            """\
+            import runpy, sys
+
+            class CtrlC:
+                def find_spec(self, name, path=None, target=None):
+                    if name == 'torch':
+                        raise KeyboardInterrupt
+                    return None
+
+            sys.meta_path.insert(0, CtrlC())
+            sys.argv = ['exp.train', '--epochs', '1']
+            runpy.run_module('exp.train', run_name='__main__', alter_sys=True)
+            """
+        )
+    )
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    ft.test_eq(
+        (proc.returncode, proc.stderr),
+        (130, 'exp.train: interrupted (Ctrl-C) while starting: nothing was written\n'),
+    )
+    ft.test_eq(sorted(p.name for p in tmp_path.iterdir()), [script.name])
+
+
+def test_sigterm_then_ctrl_c_is_one_consistent_report(tmp_path):
+    "A SIGTERM, then a Ctrl-C 50 ms later, while the trainer stops: it reports the SIGTERM, 143."
+    proc, _ = start_faulty(tmp_path, 'pause', *MLP, '--out', 'run')
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    ft.test_eq((proc.returncode, err.count('\n')), (143, 1))
+    assert err.startswith('exp.train: error: stopped by SIGTERM, during epoch 0;'), err
+    assert (tmp_path / 'run.partial' / CHECKPOINT).is_file()
+
+
+def test_resume_of_a_signed_checkpoint_torch_cannot_read_is_one_line(mlp_partial, capsys):
+    "An extra member in the zip, the digest recomputed: --resume says so in one line, exit code 2."
+    import io
+    import zipfile
+
+    from exp.checkpoint import _with_digest
+
+    raw = (mlp_partial / CHECKPOINT).read_bytes()
+    body = raw[: -2 - len(raw.split(b'exp-sha256:')[-1]) - len(b'exp-sha256:')] + b'\x00\x00'
+    buffer = io.BytesIO(body)
+    with zipfile.ZipFile(buffer, 'a') as z:
+        z.writestr('extra/stray.txt', 'not torch')
+    (mlp_partial / CHECKPOINT).write_bytes(_with_digest(buffer.getvalue()))
+    ft.test_eq(cli('--resume', mlp_partial), 2)
+    err = capsys.readouterr().err
+    ft.test_eq(err.count('\n'), 1)
+    assert 'cannot be read as a checkpoint (torch.load: ' in err, err
