@@ -1,5 +1,11 @@
 """Unit tests for exp.resnet: the convolution with batch norm, the residual block, global average
-pooling, course22p2's ResNet, the summary through hooks, and the exercises of notebook 13."""
+pooling, course22p2's ResNet, the summary through hooks, the exercises of notebook 13, and the dry
+run of bench/bench_resnet.py (no timing is asserted)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,6 +22,8 @@ from exp.hooks import GeneralRelu
 from exp.minibatch import DataLoader, Dataset, Sampler
 from exp.optimizers import AdamW
 from exp.resnet import GlobalAvgPool, ResBlock, act_gr, conv, layer_stats, resnet, summary
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def n_params(model):
@@ -248,3 +256,35 @@ def test_exercise_checks(check, answer, mistakes, capsys):
     assert capsys.readouterr().out.strip().endswith('correct')
     for wrong, hint in mistakes:
         ft.test_fail(lambda: check(wrong), contains=hint, exc=ExerciseError)
+
+
+def run_bench(*args):
+    return subprocess.run(
+        [sys.executable, 'bench/bench_resnet.py', *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, 'PYTHONPATH': str(ROOT)},
+        timeout=600,
+    )
+
+
+def test_bench_resnet_dry_run():
+    "The benchmark runs end to end on a few small batches, both formats; it checks the runs agree."
+    proc = run_bench('--batches', '2', '--valid-batches', '1', '--bs', '8', '--rounds', '1')
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = dict(line.split(': ', 1) for line in proc.stdout.splitlines() if ': ' in line)
+    assert (lines['train_images'], lines['valid_images'], lines['params']) == (
+        '16',
+        '16',
+        '1227900',
+    )
+    assert float(lines['ratio']) > 0 and float(lines['hand_ms_per_batch']) > 0
+
+
+def test_bench_resnet_help_and_refusals():
+    proc = run_bench('--help')
+    assert proc.returncode == 0 and '--channels-last' in proc.stdout and 'Goal' in proc.stdout
+    proc = run_bench('--bs', '0')
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == 'bench_resnet.py: error: --bs must be >= 1, got 0'
