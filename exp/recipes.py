@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from functools import partial
 from numbers import Real
@@ -24,7 +25,7 @@ from .resnet import resnet
 # %% auto #0
 __all__ = ['RECIPES', 'OPTIMIZERS', 'AUGMENTS', 'TRANSFORMS', 'Recipe', 'check_opt', 'check_wd', 'check_aug', 'check_mixup',
            'check_label_smoothing', 'check_threads', 'resnet_for', 'opt_func', 'loss_func', 'train_callbacks',
-           'tta_accuracy']
+           'set_threads', 'tta_accuracy']
 
 # %% ../nbs/A13_recipes.ipynb #1de59a85
 @dataclass(frozen=True)
@@ -130,6 +131,17 @@ def train_callbacks(aug: str, mixup: float) -> list[Callback]:
     aug, alpha = check_aug(aug), check_mixup(mixup)
     cbs = [] if aug == 'none' else [BatchTransform([TRANSFORMS[n] for n in aug.split(',')])]
     return cbs + ([MixUp(alpha)] if alpha else [])
+
+
+def set_threads(threads: int | None, arch: str) -> int:
+    """Set torch's thread count for training `arch`: `threads` if given, else OMP_NUM_THREADS's if
+    set, else the recipe's (None: torch's default); returns the count."""
+    n = check_threads(threads)
+    if n is None and 'OMP_NUM_THREADS' not in os.environ:
+        n = RECIPES[arch].threads
+    if n is not None:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
 
 
 def tta_accuracy(learn: Learner) -> float:

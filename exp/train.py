@@ -29,7 +29,9 @@ try:  # Ctrl-C while torch loads (a second or more) is one line too, not a trace
     from exp.learner import SaveModelCallback
     from exp.loss import accuracy
     from exp.minibatch import Dataset, get_dls
-    from exp.optimizers import SGD
+    from exp.recipes import RECIPES, check_aug, check_label_smoothing, check_mixup, check_opt
+    from exp.recipes import check_threads, check_wd, loss_func, opt_func, resnet_for, set_threads
+    from exp.recipes import train_callbacks, tta_accuracy
     from exp.runs import CHECKPOINT, LOCK_GRACE, PARTIAL, TRACEBACK, RunClaim, RunFolderError
     from exp.runs import Stopped, check_free, check_out, check_unchanged, claim_run_folder
     from exp.runs import exit_code, fail, failure_line, find_run, finish_run, flag, hold_stops
@@ -57,14 +59,15 @@ __all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'ONE_CYCLE', 'RUN_OPTIONS', 'MA
            'claim_run_folder', 'find_run', 'Stopped']
 
 # %% ../nbs/A3b_train.ipynb #3a673a38
-ARCHS = ('mlp', 'cnn', 'simple_cnn')
+ARCHS = tuple(RECIPES)  # mlp, cnn, simple_cnn, resnet (appendix A13)
 FP16_MODES = ('auto', 'on', 'off', 'bf16')
 # the best peak lr measured per model (12 epochs, bs 32)
-DEFAULT_LRS = {'mlp': 0.03, 'cnn': 0.1, 'simple_cnn': 0.3}
+DEFAULT_LRS = {arch: recipe.lr for arch, recipe in RECIPES.items()}
 # from a tenth of the peak lr down to 1e-5 of it: the measured schedule
 ONE_CYCLE = dict(div_factor=10.0, final_div=1e5)
 # what a resumed run may not change
 RUN_OPTIONS = ('data', 'arch', 'epochs', 'bs', 'lr', 'one_cycle', 'fp16', 'seed')
+RUN_OPTIONS += ('opt', 'wd', 'aug', 'mixup', 'label_smoothing')
 # an lr above it is a typo (1e308 overflows to inf in the schedule); the finder stops at 10
 MAX_LR = 1000.0
 
@@ -77,7 +80,7 @@ class TrainConfig:
     data: str = 'mnist5k'  # mnist5k, mnist, fashion, or a folder of four IDX files
     arch: str = 'cnn'  # one of ARCHS
     epochs: int = 12
-    bs: int = 32
+    bs: int | None = None  # None: the arch's recipe (RECIPES)
     lr: float | None = None  # None: DEFAULT_LRS[arch], or the LR finder's pick with lr_find
     lr_find: bool = False
     one_cycle: bool = True
@@ -87,6 +90,14 @@ class TrainConfig:
     resume: str | None = None  # an unfinished run: its folder, or the checkpoint in it
     # under torchrun: seconds a collective operation (or the rendezvous) may wait for a peer
     dist_timeout: float = 300.0
+    # appendix A13: None takes the arch's recipe
+    opt: str | None = None  # sgd or adamw
+    wd: float | None = None  # weight decay
+    aug: str = 'none'  # augmentation of the training batches: none, or some of crop,flip,erase
+    tta: bool = False  # report the accuracy with test-time augmentation (flip) too
+    mixup: float = 0.0  # mixup's alpha (0: off)
+    label_smoothing: float = 0.0
+    threads: int | None = None  # torch threads; None: OMP_NUM_THREADS if set, else the recipe's
 
     def check(self) -> TrainConfig:
         "A checked, normalised copy; raises ValueError naming the first bad option and its value."
@@ -112,9 +123,17 @@ class TrainConfig:
                 "(in its config.json)"
             )
         timeout = _positive('dist_timeout', self.dist_timeout, 'a number of seconds')
-        epochs, bs = _count('epochs', self.epochs, 1), _count('bs', self.bs, 1)
-        seed, out = _count('seed', self.seed, 0, MAX_SEED), _path_str('out', self.out)
+        recipe = RECIPES[self.arch]
+        bs = _count('bs', recipe.bs if self.bs is None else self.bs, 1)
+        epochs, seed = _count('epochs', self.epochs, 1), _count('seed', self.seed, 0, MAX_SEED)
+        out = _path_str('out', self.out)
         checked = dict(data=data, epochs=epochs, bs=bs, lr=lr, seed=seed, out=out, resume=resume)
+        opt = check_opt(recipe.opt if self.opt is None else self.opt)
+        wd = check_wd(recipe.wd if self.wd is None else self.wd)
+        tta, threads = _bool('tta', self.tta), check_threads(self.threads)
+        mixup, smoothing = check_mixup(self.mixup), check_label_smoothing(self.label_smoothing)
+        checked |= dict(opt=opt, wd=wd, aug=check_aug(self.aug), tta=tta, mixup=mixup)
+        checked |= dict(label_smoothing=smoothing, threads=threads)
         return replace(self, dist_timeout=timeout, **checked)
 
 # %% ../nbs/A3b_train.ipynb #710d367f
@@ -231,6 +250,8 @@ def build_model(arch: str, data: DataBunch) -> nn.Module:
         return get_cnn_model(data)
     if arch == 'simple_cnn':
         return simple_cnn((1, 16, 32, 64, data.c), bn=True)
+    if arch == 'resnet':
+        return resnet_for(data)
     raise ValueError(f"arch must be one of {', '.join(ARCHS)}; got {arch!r}")
 
 # %% ../nbs/A3b_train.ipynb #cbe8fe49
@@ -242,8 +263,10 @@ def resolve_fp16(mode: str, device: torch.device | None = None) -> str:
 
 
 def build_learner(cfg: TrainConfig, data: DataBunch | None = None) -> Learner:
-    """A Learner for `cfg` (seeded): its data (loaded unless given), model, SGD with momentum,
+    """A Learner for `cfg` (seeded): its data (loaded unless given), model, its recipe's optimizer,
+    loss and callbacks (A13),
     accuracy, device, precision."""
+    cfg = check_config(cfg)  # the recipe's defaults filled in
     set_seed(cfg.seed)
     data = load_databunch(cfg.data, cfg.bs) if data is None else data
     device = default_device()
@@ -251,9 +274,10 @@ def build_learner(cfg: TrainConfig, data: DataBunch | None = None) -> Learner:
         data,
         build_model(cfg.arch, data),
         lr=cfg.lr or DEFAULT_LRS[cfg.arch],
-        opt_func=partial(SGD, momentum=0.9),
+        loss_func=loss_func(cfg.label_smoothing),
+        opt_func=opt_func(cfg.opt, cfg.wd),
         metrics=[accuracy],
-        cbs=[DeviceCallback(device)],
+        cbs=[DeviceCallback(device), *train_callbacks(cfg.aug, cfg.mixup)],
     )
     mode = resolve_fp16(cfg.fp16, device)
     if mode == 'on':
@@ -346,8 +370,9 @@ class Trainer:
         if self.folder is not None and os.environ.get('RANK', '0') == '0':  # rank 0 takes it
             check_free(self.folder, resume)
         self.out = out_of(self.folder) if self.folder else check_out(self.cfg.out)
-        self.claim = self.history = self.config = self.saver = self.kept = None
+        self.claim = self.history = self.config = self.saver = self.kept = self.tta = None
         self.stage = 'setting up'
+        set_threads(self.cfg.threads, self.cfg.arch)
         self.learn = _learner(self.cfg)
         self.fingerprint = data_fingerprint(self.cfg.data)
         if self.folder is not None:  # each checkpoint says which run, and which data, it is of
@@ -405,6 +430,9 @@ class Trainer:
             self.saver = SaveModelCallback(self.folder / CHECKPOINT, every='epoch')
             self.stage = 'training'
             self._train(lr, [self.saver])
+            if self.cfg.tta:  # the last epoch's model on the valid images and their mirror images
+                self.stage = 'testing with augmentation'
+                self.tta = tta_accuracy(self.learn)
             self.stage = 'writing the run folder'
             finish_run(self.folder, self.out, self.claim, self.history, self.learn.recorder)
             self.folder = None
@@ -501,9 +529,10 @@ def make_parser() -> CommandLine:
     )
     sets = "mnist5k (embedded, offline), mnist, fashion, or a folder of four IDX files"
     p.add_argument('--data', help=f"{sets} (default: {d.data})")
-    p.add_argument('--arch', help=f"model: mlp, cnn or simple_cnn (default: {d.arch})")
+    p.add_argument('--arch', help=f"model: mlp, cnn, simple_cnn or resnet (default: {d.arch})")
     p.add_argument('--epochs', type=int, help=f"number of epochs (default: {d.epochs})")
-    p.add_argument('--bs', type=int, help=f"batch size (default: {d.bs})")
+    bs = ', '.join(f"{arch} {r.bs}" for arch, r in RECIPES.items())
+    p.add_argument('--bs', type=int, help=f"batch size (default: {bs})")
     lrs = ', '.join(f"{arch} {lr:g}" for arch, lr in DEFAULT_LRS.items())
     p.add_argument(
         '--lr', type=float, help=f"learning rate, the peak of one-cycle (default: {lrs})"
@@ -523,6 +552,24 @@ def make_parser() -> CommandLine:
         "continue an unfinished run (its folder, as the trainer named it), with the options it "
     )
     p.add_argument('--resume', metavar='RUN', help=resume + "started with")
+
+    # appendix A13's options: an arch's recipe gives the defaults of those that have one
+    def recipe(key: str) -> str:
+        return ', '.join(f"{arch} {getattr(r, key)}" for arch, r in RECIPES.items())
+
+    p.add_argument(
+        '--opt', help=f"optimizer: sgd (momentum 0.9) or adamw (default: {recipe('opt')})"
+    )
+    p.add_argument('--wd', type=float, help=f"weight decay (default: {recipe('wd')})")
+    aug = "augment the training batches: none, or some of crop, flip, erase joined by commas"
+    p.add_argument('--aug', help=f"{aug} (default: {d.aug})")
+    tta = "also report the accuracy with test-time augmentation (each image and its mirror)"
+    p.add_argument('--tta', action=yes_no, help=tta)
+    p.add_argument('--mixup', type=float, metavar='ALPHA', help="mixup's alpha (default: 0, off)")
+    smooth = "label smoothing's eps (default: 0, off)"
+    p.add_argument('--label-smoothing', type=float, metavar='EPS', help=smooth)
+    threads = "torch threads (default: OMP_NUM_THREADS if set, else 1; resnet: one per core)"
+    p.add_argument('--threads', type=int, help=threads)
     return p
 
 # %% ../nbs/A3b_train.ipynb #a3b00003
@@ -564,6 +611,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     row = f"{last['valid_accuracy']:.4f} (valid loss {last['valid_loss']:.4f})"
     print(f"valid accuracy: {row} after epoch {last['epoch']}")
+    if trainer.tta is not None:
+        print(f"valid accuracy with test-time augmentation (flip): {trainer.tta:.4f}")
     print(f"run folder: {trainer.out}")
 
 

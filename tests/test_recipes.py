@@ -1,17 +1,24 @@
 """The trainer's recipes (exp.recipes, notebook A13): option checks, and what is built from them."""
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 from fastcore import test as ft  # fastcore.test.test_eq would be collected by pytest as a test
 
 from exp.augment import BatchTransform, LabelSmoothingCrossEntropy, MixUp, random_flip
-from exp.callbacks import DataBunch
+from exp.callbacks import Callback, DataBunch
+from exp.data import IDX_FILES, get_data, write_idx
 from exp.minibatch import Dataset, get_dls
 from exp.optimizers import SGD, AdamW
 from exp.recipes import AUGMENTS, OPTIMIZERS, RECIPES, check_aug, check_label_smoothing
 from exp.recipes import check_mixup, check_opt, check_threads, check_wd, loss_func, opt_func
-from exp.recipes import resnet_for, train_callbacks
+from exp.recipes import resnet_for, set_threads, train_callbacks
+from exp.train import CHECKPOINT, Trainer
 
 
 def test_every_architecture_has_a_recipe_of_known_choices():
@@ -93,3 +100,129 @@ def test_resnet_for_the_data():
     data = DataBunch(*get_dls(Dataset(x, y), Dataset(x, y), 8), c=7)
     model = resnet_for(data)
     ft.test_eq(model(x).shape, (16, 7))
+
+
+# ---------------- the trainer's options (exp.train with exp.recipes)
+
+
+class Interrupt(Callback):
+    "Ctrl-C at the end of epoch 0, after the trainer's SaveModelCallback wrote its checkpoint."
+
+    _order = 50
+
+    def after_epoch(self):
+        if self.epoch == 0:
+            raise KeyboardInterrupt
+
+
+def small_folder(folder: Path) -> Path:
+    "A folder of IDX files holding 256 train and 128 valid digits of the embedded set."
+    x, y, xv, yv = get_data('mnist5k')
+    as_bytes = lambda t: (t.view(-1, 28, 28) * 255).round().to(torch.uint8)  # noqa: E731
+    folder.mkdir()
+    for name, t in zip(IDX_FILES, (as_bytes(x[:256]), y[:256], as_bytes(xv[:128]), yv[:128])):
+        write_idx(folder / name, t.to(torch.uint8))
+    return folder
+
+
+def test_arch_resnet_alone_takes_its_recipe():
+    trainer = Trainer(arch='resnet', epochs=1)
+    cfg, learn = trainer.cfg, trainer.learn
+    ft.test_eq((cfg.bs, cfg.opt, cfg.wd, cfg.lr), (256, 'adamw', 0.01, None))
+    ft.test_eq(learn.lr, RECIPES['resnet'].lr)
+    assert isinstance(learn.opt, AdamW) and learn.loss_func is F.cross_entropy
+    ft.test_eq(
+        (learn.opt.param_groups[0]['eps'], learn.opt.param_groups[0]['weight_decay']), (1e-5, 0.01)
+    )
+    ft.test_eq(sum(p.numel() for p in learn.model.parameters()), 1_227_900)
+    ft.test_eq(len(next(iter(learn.data.train_dl))[0]), 256)
+    # the lesson models keep the trainer's defaults of before
+    cnn = Trainer(epochs=1)
+    ft.test_eq((cnn.cfg.bs, cnn.cfg.opt, cnn.cfg.wd), (32, 'sgd', 0.0))
+    assert isinstance(cnn.learn.opt, SGD) and cnn.learn.opt.param_groups[0]['momentum'] == 0.9
+
+
+def test_options_build_the_learner():
+    trainer = Trainer(
+        arch='mlp', epochs=1, opt='adamw', wd=0.05, aug='flip,crop', mixup=0.4, label_smoothing=0.1
+    )
+    cfg, learn = trainer.cfg, trainer.learn
+    ft.test_eq((cfg.aug, cfg.mixup, cfg.label_smoothing), ('crop,flip', 0.4, 0.1))
+    assert isinstance(learn.loss_func, LabelSmoothingCrossEntropy) and learn.loss_func.eps == 0.1
+    ft.test_eq([type(cb) for cb in learn.cbs[1:]], [BatchTransform, MixUp])
+    ft.test_eq(learn.opt.param_groups[0]['weight_decay'], 0.05)
+
+
+@pytest.mark.parametrize(
+    'args, message',
+    [
+        (['--aug', 'rotate'], "--aug must be none or some of crop, flip, erase"),
+        (['--opt', 'adam'], '--opt must be one of sgd, adamw'),
+        (['--wd', '-1'], '--wd must be a number from 0 to below 1'),
+        (['--mixup', 'nan'], '--mixup must be a number from 0 (off) to 10'),
+        (['--label-smoothing', '1'], '--label-smoothing must be a number from 0 to below 1'),
+        (['--threads', '0'], '--threads must be a whole number from 1 to 1024'),
+        (['--arch', 'vgg'], '--arch must be one of mlp, cnn, simple_cnn, resnet'),
+    ],
+)
+def test_bad_options_are_one_line(args, message, tmp_path):
+    out = subprocess.run(
+        [sys.executable, '-m', 'exp.train', *args, '--out', str(tmp_path / 'run')],
+        capture_output=True,
+        text=True,
+    )
+    ft.test_eq(out.returncode, 2)
+    ft.test_eq(out.stderr.count('\n'), 1)
+    assert message in out.stderr, out.stderr
+    assert not (tmp_path / 'run').exists() and not (tmp_path / 'run.partial').exists()
+
+
+def test_threads_default_to_the_recipes(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv('OMP_NUM_THREADS', raising=False)
+        ft.test_eq(set_threads(None, 'cnn'), 1)
+        ft.test_eq(set_threads(3, 'cnn'), 3)
+        monkeypatch.setenv('OMP_NUM_THREADS', '2')
+        torch.set_num_threads(2)
+        ft.test_eq(set_threads(None, 'cnn'), 2)  # the environment's, left as it is
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_resnet_run_with_augmentation_resumes_exactly(tmp_path, capsys):
+    """A ResNet run (narrow, for speed: the recipe with 2 epochs) with crop, flip, mixup and label
+    smoothing, stopped after epoch 0 and resumed: the weights of the run trained straight, bit for
+    bit, and the options of its config.json honoured."""
+    data = small_folder(tmp_path / 'data')
+    opts = dict(arch='resnet', data=str(data), epochs=2, bs=64, aug='crop,flip', mixup=0.4)
+    opts |= dict(label_smoothing=0.1, threads=1, tta=True)
+    straight = Trainer(**opts, out=tmp_path / 'straight')
+    straight.fit()
+    assert straight.tta is not None and 0 <= straight.tta <= 1
+    stopped = Trainer(**opts, out=tmp_path / 'resumed')
+    stopped.learn.cbs.append(Interrupt())
+    with pytest.raises(KeyboardInterrupt):
+        stopped.fit()
+    config = json.loads((stopped.kept / 'config.json').read_text())
+    ft.test_eq(
+        {k: config[k] for k in ('aug', 'mixup', 'label_smoothing', 'opt', 'wd', 'bs')},
+        {
+            'aug': 'crop,flip',
+            'mixup': 0.4,
+            'label_smoothing': 0.1,
+            'opt': 'adamw',
+            'wd': 0.01,
+            'bs': 64,
+        },
+    )
+    with pytest.raises(ValueError, match=r"--aug none \(the run's: --aug crop,flip\)"):
+        Trainer(resume=stopped.kept, aug='none')
+    resumed = Trainer(resume=stopped.kept)
+    ft.test_eq((resumed.start_epoch, resumed.cfg.aug, resumed.cfg.mixup), (1, 'crop,flip', 0.4))
+    resumed.fit()
+    a = torch.load(tmp_path / 'straight' / CHECKPOINT, weights_only=True)['model']
+    b = torch.load(tmp_path / 'resumed' / CHECKPOINT, weights_only=True)['model']
+    for k in a:
+        ft.test_eq(a[k], b[k])
+    ft.test_eq(resumed.tta, straight.tta)

@@ -15,7 +15,7 @@ import sys
 import textwrap
 import time
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -139,7 +139,11 @@ def mlp_partial(mlp_partial_master, tmp_path) -> Path:
 
 
 def test_check_config_normalises():
-    ft.test_eq(check_config(TrainConfig()), TrainConfig())
+    # the arch's recipe fills in what was not given (appendix A13)
+    ft.test_eq(check_config(TrainConfig()), TrainConfig(bs=32, opt='sgd', wd=0.0))
+    ft.test_eq(
+        check_config(TrainConfig(bs=32, opt='sgd', wd=0.0)), TrainConfig(bs=32, opt='sgd', wd=0.0)
+    )
     cfg = check_config(TrainConfig(epochs=4.0, bs=16, lr=1, data=Path('.'), out=Path('x')))
     ft.test_eq(
         (cfg.epochs, type(cfg.epochs), cfg.lr, type(cfg.lr), cfg.data, cfg.out),
@@ -163,7 +167,7 @@ def test_check_config_normalises():
             dict(data='cifar10'),
             "--data 'cifar10' is neither a known data set (mnist5k, mnist, fashion) nor a folder",
         ),
-        (dict(arch='resnet'), "--arch must be one of mlp, cnn, simple_cnn; got 'resnet'"),
+        (dict(arch='vgg'), "--arch must be one of mlp, cnn, simple_cnn, resnet; got 'vgg'"),
         (dict(fp16='fp8'), "--fp16 must be one of auto, on, off, bf16; got 'fp8'"),
         (dict(seed=-1), '--seed must be >= 0'),
         (dict(seed=2**63), '--seed must be <= 9223372036854775807, got 9223372036854775808'),
@@ -330,7 +334,7 @@ def make_bad_args(work: Path, mlp_run: Path, partial: Path) -> dict:
             ['--data', 'huge'],
             'a train label is 2147483647: more than 10,000 classes',
         ),
-        'unknown arch': (['--arch', 'resnet'], '--arch must be one of mlp, cnn, simple_cnn'),
+        'unknown arch': (['--arch', 'vgg'], '--arch must be one of mlp, cnn, simple_cnn, resnet'),
         'unknown fp16 mode': (['--fp16', 'fp8'], '--fp16 must be one of auto, on, off, bf16'),
         'negative seed': (['--seed', '-3'], '--seed must be >= 0'),
         'seed beyond an int64': (['--seed', str(2**63)], '--seed must be <= 9223372036854775807'),
@@ -528,8 +532,9 @@ def test_cli_end_to_end(tmp_path, monkeypatch):
     config = json.loads((run / 'config.json').read_text())
     cfg = TrainConfig(**config)
     expected = TrainConfig(
-        epochs=2, seed=3, out='run', lr=DEFAULT_LRS['cnn'], fp16=resolve_fp16('auto')
+        epochs=2, seed=3, out='run', lr=DEFAULT_LRS['cnn'], fp16=resolve_fp16('auto'), bs=32
     )
+    expected = replace(expected, opt='sgd', wd=0.0)  # the recipe's, written down
     ft.test_eq(cfg, expected)
     ft.test_eq(check_config(cfg), cfg)  # what the run wrote is a valid set of options
 
@@ -1308,15 +1313,15 @@ def test_an_empty_out_that_cannot_be_replaced_is_refused_at_once(workdir, monkey
 @pytest.mark.parametrize('sig,code', [(signal.SIGTERM, 143), (signal.SIGHUP, 129)])
 def test_a_signal_while_the_optimizer_is_first_built(workdir, monkeypatch, capsys, sig, code):
     "The signal comes before the fit's Runner exists: the usual one line, no AttributeError."
-    import exp.optimizers
+    import exp.recipes
 
     def slow_sgd(*args, **kwargs):
         os.kill(os.getpid(), sig)
         time.sleep(5)  # the signal arrives here
         raise AssertionError('the signal did not stop the trainer')
 
-    # the trainer that cli runs imports it anew
-    monkeypatch.setattr(exp.optimizers, 'SGD', slow_sgd)
+    # the trainer builds its optimizer through the recipes (appendix A13)
+    monkeypatch.setattr(exp.recipes, 'SGD', slow_sgd)
     ft.test_eq(cli('--arch', 'mlp', '--epochs', '1', '--out', 'run'), code)
     err = capsys.readouterr().err
     ft.test_eq(err.count('\n'), 1)
@@ -1328,12 +1333,12 @@ def test_a_signal_while_the_optimizer_is_first_built(workdir, monkeypatch, capsy
 
 
 def test_ctrl_c_while_the_optimizer_is_first_built(workdir, monkeypatch, capsys):
-    import exp.optimizers
+    import exp.recipes
 
     def interrupted_sgd(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(exp.optimizers, 'SGD', interrupted_sgd)
+    monkeypatch.setattr(exp.recipes, 'SGD', interrupted_sgd)
     ft.test_eq(cli('--arch', 'mlp', '--epochs', '1', '--out', 'run'), 130)
     err = capsys.readouterr().err
     ft.test_eq(err.count('\n'), 1)
