@@ -212,9 +212,11 @@ class DownloadError(OSError):
 
 def data_dir() -> Path:
     "The cache folder: `$EXP_DATA` if set, else `~/.cache/exp`."
-    folder = Path(os.environ.get('EXP_DATA') or Path.home() / '.cache' / 'exp')
+    env = os.environ.get('EXP_DATA')
+    folder = Path(env or Path.home() / '.cache' / 'exp')
     if folder.exists() and not folder.is_dir():
-        raise ValueError(f"EXP_DATA={str(folder)!r} is a file: the download cache must be a folder")
+        named = f"EXP_DATA={env!r}" if env else f"the cache folder {str(folder)!r}"
+        raise ValueError(f"{named} is a file: the download cache must be a folder")
     return folder
 
 

@@ -827,6 +827,13 @@ def test_exp_data_naming_a_file_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv('EXP_DATA', str(tmp_path / 'a_file'))
     with pytest.raises(ValueError, match=r"^EXP_DATA='.*a_file' is a file: the download cache"):
         get_data('mnist', mirror=closed_port_url())
+    # unset, the default folder is named as what it is
+    monkeypatch.delenv('EXP_DATA')
+    monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+    (tmp_path / 'home' / '.cache').mkdir(parents=True)
+    (tmp_path / 'home' / '.cache' / 'exp').write_text('not a folder')
+    with pytest.raises(ValueError, match=r"^the cache folder '.*/home/.cache/exp' is a file"):
+        download.data_dir()
 
 
 # ---------------- what a download says
