@@ -626,10 +626,7 @@ def _images_labels(img_path: Path, lbl_path: Path, flat: bool) -> tuple[torch.Te
     if len(x) != len(y):
         raise ValueError(f"{img_path} holds {len(x)} images but {lbl_path} holds {len(y)} labels")
     n, h, w = x.shape
-    if n == 0 or h == 0 or w == 0:
-        raise ValueError(f"{img_path}: {n} images of {h}x{w} pixels: nothing to learn or show")
-    if y.min() < 0:  # a class is an index: a negative one fails later, far from the file
-        raise ValueError(f"{lbl_path}: labels must be classes 0, 1, ...; found {int(y.min())}")
+    # (n, h * w), not (n, -1): a folder of 0 images gives (0, h * w) as it gives (0, h, w)
     return (x.reshape(n, h * w) if flat else x).float().div_(255), y.long()
 
 
@@ -702,12 +699,26 @@ def load_dataset(
     return load_idx_folder(fetch_dataset(name, mirror), flat)
 
 # %% ../nbs/A1_downloads.ipynb #67d90ae6
+def _check_showable(what: str, x_train, y_train, x_valid, y_valid) -> None:
+    """A ValueError naming data set `what` if a split is empty, its images have no pixels or a
+    label is negative: nothing to count or draw."""
+    for split, x, y in (('train', x_train, y_train), ('valid', x_valid, y_valid)):
+        if len(x) == 0:
+            raise ValueError(f"{what}: the {split} split holds no images")
+        if x[0].numel() == 0:
+            raise ValueError(f"{what}: the {split} images are {' x '.join(map(str, x.shape[1:]))}")
+        if y.min() < 0:  # classes are counted with bincount, an index
+            raise ValueError(f"{what}: a {split} label is {int(y.min())}; classes are 0, 1, ...")
+
+
 def summarize(name: str = 'mnist5k', path: str | os.PathLike | None = None) -> str:
     """A few lines describing data set `name` (or the IDX folder `path`): sizes, classes, pixel
     statistics."""
     t0 = time.perf_counter()
-    x_train, y_train, x_valid, y_valid = load_dataset(name, path)
+    x_train, y_train, x_valid, y_valid = load_dataset(name, path, flat=False)
     secs = time.perf_counter() - t0
+    _check_showable(str(path or name), x_train, y_train, x_valid, y_valid)
+    x_train, x_valid = x_train.flatten(1), x_valid.flatten(1)
     counts = torch.bincount(y_train).tolist()
     return '\n'.join(
         [
