@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 import zlib
@@ -74,15 +75,20 @@ def _idx_header(f: BinaryIO, name: str) -> tuple[np.dtype, list[int]]:
         raise ValueError(f"{name}: unknown dtype code 0x{code:02x} (known: {known})")
     if ndim == 0:
         raise ValueError(f"{name}: the header declares 0 dimensions")
+    if ndim > 64:
+        raise ValueError(f"{name}: the header declares {ndim} dimensions; numpy and torch take 64")
     raw_dims = f.read(4 * ndim)
     if len(raw_dims) < 4 * ndim:
         raise ValueError(
             f"{name}: truncated header: {ndim} dimensions need {4 + 4 * ndim} bytes, "
             f"the file has {4 + len(raw_dims)}"
         )
-    return IDX_DTYPES[code], [
-        int.from_bytes(raw_dims[4 * i : 4 * i + 4], 'big') for i in range(ndim)
-    ]
+    dims = [int.from_bytes(raw_dims[4 * i : 4 * i + 4], 'big') for i in range(ndim)]
+    # (0, 2**32-1, 2**32-1) holds nothing, yet numpy cannot shape an array of it (a size that is
+    # not 0 is checked against the file's)
+    if 0 in dims and math.prod(d for d in dims if d) * IDX_DTYPES[code].itemsize > sys.maxsize:
+        raise ValueError(f"{name}: the header declares dimensions {dims}: too large for any array")
+    return IDX_DTYPES[code], dims
 
 
 def _idx_data(f: BinaryIO, dtype: np.dtype, dims: list[int], name: str, limit: int) -> torch.Tensor:
@@ -189,6 +195,10 @@ def write_idx(path: str | os.PathLike, t: torch.Tensor) -> Path:
         )
     if t.dim() == 0 or t.dim() > 255:
         raise ValueError(f"t must have 1 to 255 dimensions, got {t.dim()}")
+    if max(t.shape) >= 2**32:
+        raise ValueError(
+            f"t.shape={tuple(t.shape)}: IDX stores each dimension in 4 bytes (< 2**32)"
+        )
     code = _IDX_CODES[t.dtype]
     data = bytes([0, 0, code, t.dim()]) + b''.join(d.to_bytes(4, 'big') for d in t.shape)
     data += t.detach().cpu().contiguous().numpy().astype(IDX_DTYPES[code]).tobytes()
@@ -202,7 +212,12 @@ class DownloadError(OSError):
 
 def data_dir() -> Path:
     "The cache folder: `$EXP_DATA` if set, else `~/.cache/exp`."
-    return Path(os.environ.get('EXP_DATA') or Path.home() / '.cache' / 'exp')
+    env = os.environ.get('EXP_DATA')
+    folder = Path(env or Path.home() / '.cache' / 'exp')
+    if folder.exists() and not folder.is_dir():
+        named = f"EXP_DATA={env!r}" if env else f"the cache folder {str(folder)!r}"
+        raise ValueError(f"{named} is a file: the download cache must be a folder")
+    return folder
 
 
 def sha256sum(path: str | os.PathLike) -> str:
@@ -248,16 +263,74 @@ def download_file(
     return dest
 
 # %% ../nbs/A1_downloads.ipynb #97bea586
+def _size_text(n: int | None) -> str:
+    "`n` bytes for a person: `9.9 MB`, `29 kB`, `512 bytes`."
+    if n is None:
+        return 'size not known in advance'
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB" if n >= 1e3 else f"{n} bytes"
+
+
+class _Progress:
+    """What a download says on stderr: one line naming the file, where from and how big (once the
+    server answers, or after 1 s); then how far it is."""
+
+    def __init__(self, url: str, stream=None):
+        self.stream, self.url, self.start, self.shown = stream or sys.stderr, url, time.time(), 0
+        self.name, self.said, self.lock = url.rsplit('/', 1)[-1], False, threading.Lock()
+        self.tty, self.next, self.closed = _isatty(self.stream), 1.0, False
+
+    def announce(self, total: int | None) -> None:
+        "The first line, once (a refused connection says nothing but its error: one message)."
+        with self.lock:  # the download's thread and the waiting caller may both call it
+            said, self.said = self.said, True
+        if not said:
+            where = self.url.rsplit('/', 1)[0]
+            self._say(f"downloading {self.name} ({_size_text(total)}) from {where}/")
+
+    def _say(self, text: str, end: str = '\n') -> None:
+        print(text, end=end, file=self.stream, flush=True)
+
+    def update(self, n: int, total: int | None) -> None:
+        "`n` bytes are in, of `total`: said after 1 s, then every 0.2 s (a terminal) or 4x as late."
+        seconds = time.time() - self.start
+        if self.closed or seconds < self.next:
+            return
+        of = f" of {_size_text(total)} ({100 * n // total}%)" if total else ''
+        text = f"  {self.name}: {_size_text(n)}{of}, {_size_text(int(n / seconds))}/s"
+        # a terminal: one line, rewritten; a log: lines at 1, 4, 16, 64 and 256 s
+        self._say(f"\r{text}\x1b[K" if self.tty else text, end='' if self.tty else '\n')
+        self.next, self.shown = seconds + 0.2 if self.tty else seconds * 4, self.shown + 1
+
+    def close(self, n: int | None) -> None:
+        "The download's end (`n` bytes, or None: it failed): a last line, if progress showed."
+        self.closed = True
+        if self.shown:
+            done = (
+                'stopped' if n is None else f"{_size_text(n)} in {time.time() - self.start:.1f} s"
+            )
+            self._say(f"\r  {self.name}: {done}\x1b[K" if self.tty else f"  {self.name}: {done}")
+
+
+def _isatty(stream) -> bool:
+    "Whether `stream` is a terminal (a closed or odd stream is not)."
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
 def _fetch(url: str, f: BinaryIO, timeout: float, size: int | None, deadline: float) -> str:
     """Copy the body of `url` into `f` (at most `size` bytes, if given) within `deadline` seconds;
     returns its sha256."""
-    outcome, stop = {}, threading.Event()
+    outcome, stop, progress = {}, threading.Event(), _Progress(url)
 
     def transfer():
         try:
             h, n = hashlib.sha256(), 0
             with urllib.request.urlopen(url, timeout=timeout) as response:
                 length = response.headers.get('Content-Length', '')
+                total = size if size is not None else int(length) if length.isdigit() else None
+                progress.announce(total)
                 if size is not None and length.isdigit() and int(length) > size:
                     raise DownloadError(
                         f"could not fetch {url}: it announces {int(length)} bytes, the pinned file "
@@ -272,7 +345,8 @@ def _fetch(url: str, f: BinaryIO, timeout: float, size: int | None, deadline: fl
                         )
                     h.update(chunk)
                     f.write(chunk)
-            outcome['sha256'] = h.hexdigest()
+                    progress.update(n, total)
+            outcome['sha256'], outcome['bytes'] = h.hexdigest(), n
         except BaseException as e:
             outcome['error'] = e
 
@@ -280,7 +354,11 @@ def _fetch(url: str, f: BinaryIO, timeout: float, size: int | None, deadline: fl
     # the body
     worker = threading.Thread(target=transfer, daemon=True)
     worker.start()
-    worker.join(deadline)
+    worker.join(min(deadline, 1.0))
+    if worker.is_alive():  # no answer within a second: say what it waits for
+        progress.announce(size)
+        worker.join(deadline - min(deadline, 1.0))
+    progress.close(outcome.get('bytes'))
     if worker.is_alive():
         stop.set()  # the thread stops at its next read; what it wrote goes with the temporary file
         raise DownloadError(
@@ -288,10 +366,11 @@ def _fetch(url: str, f: BinaryIO, timeout: float, size: int | None, deadline: fl
             "too slow)"
         )
     e = outcome.get('error')
+    # from None: urllib's own traceback, under ours, would say nothing more than the reason
     if isinstance(e, urllib.error.HTTPError):
-        raise DownloadError(f"could not fetch {url}: HTTP {e.code} {e.reason}") from e
+        raise DownloadError(f"could not fetch {url}: HTTP {e.code} {e.reason}") from None
     if isinstance(e, (urllib.error.URLError, OSError)) and not isinstance(e, DownloadError):
-        raise DownloadError(f"could not fetch {url}: {getattr(e, 'reason', e)}") from e
+        raise DownloadError(f"could not fetch {url}: {getattr(e, 'reason', e)}") from None
     if e is not None:
         raise e
     return outcome['sha256']
@@ -338,6 +417,7 @@ DATASETS = {
         mirror='https://ossci-datasets.s3.amazonaws.com/mnist/',
         env='EXP_MNIST_MIRROR',
         system_dir=None,
+        system_package=None,
         sha256={
             'train-images-idx3-ubyte.gz': (
                 '440fcabf73cc546fa21475e81ea370265605f56be210a4024d2ca8f203523609'
@@ -388,6 +468,7 @@ DATASETS = {
         mirror='http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/',
         env='EXP_FASHION_MIRROR',
         system_dir='/usr/share/datasets/fashion-mnist',
+        system_package='dataset-fashion-mnist',  # Debian's, which installs it in system_dir
         sha256={
             'train-images-idx3-ubyte.gz': (
                 '3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84'
@@ -461,6 +542,17 @@ def _unverified_plain_files(folder: Path, archive: dict | None) -> list[Path]:
     ]
 
 
+def _check_mirror(url: str, given_as: str) -> None:
+    "A ValueError naming `given_as` unless `url` is an http(s) or file URL."
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ('http', 'https', 'file') or not (
+        parts.netloc or parts.scheme == 'file'
+    ):
+        raise ValueError(
+            f"{given_as}={url!r} is not a mirror's address: http(s)://HOST/PATH/ or file:///PATH/"
+        )
+
+
 def fetch_dataset(name: str, mirror: str | None = None) -> Path:
     """The folder holding data set `name`'s four IDX files: the system copy, else the verified
     download cache."""
@@ -472,6 +564,8 @@ def fetch_dataset(name: str, mirror: str | None = None) -> Path:
         return Path(system)
     # a mirror the caller chose: no other source is tried
     chosen = mirror or os.environ.get(spec['env'])
+    if chosen:
+        _check_mirror(chosen, 'mirror' if mirror else spec['env'])
     base = (chosen or spec['mirror']).rstrip('/') + '/'
     folder = data_dir() / name
     archive = None if chosen else spec['archive']
@@ -487,12 +581,19 @@ def fetch_dataset(name: str, mirror: str | None = None) -> Path:
                     return fetch_archive(archive, folder)
                 except DownloadError as e2:
                     fallback = f"\nThe archive copy failed too: {e2}"
+            package = spec.get('system_package')
+            system = (
+                f"install it, `apt-get install {package}` (into {spec['system_dir']}), "
+                if package
+                else ''
+            )
+            # from None: the message holds the reason, and the traceback of the first attempt
+            # would bury it
             raise DownloadError(
-                f"{e}{fallback}\nTo supply {fname} yourself, copy it into {folder}/ (it is checked "
-                "against its pinned sha256), point get_data(path=...) at a folder holding the "
-                "four IDX "
-                f"files, or set {spec['env']} (or mirror=) to a mirror that serves it."
-            ) from e
+                f"{e}{fallback}\nTo supply {fname} yourself, {system}copy it into {folder}/ (it is "
+                "checked against its pinned sha256), point get_data(path=...) at a folder holding "
+                f"the four IDX files, or set {spec['env']} (or mirror=) to a mirror that serves it."
+            ) from None
     # the verified .gz files are read instead
     for path in _unverified_plain_files(folder, spec['archive']):
         path.unlink()
@@ -524,7 +625,9 @@ def _images_labels(img_path: Path, lbl_path: Path, flat: bool) -> tuple[torch.Te
         raise ValueError(f"{lbl_path}: labels must be integers, got {y.dtype}")
     if len(x) != len(y):
         raise ValueError(f"{img_path} holds {len(x)} images but {lbl_path} holds {len(y)} labels")
-    return (x.reshape(len(x), -1) if flat else x).float().div_(255), y.long()
+    n, h, w = x.shape
+    # (n, h * w), not (n, -1): a folder of 0 images gives (0, h * w) as it gives (0, h, w)
+    return (x.reshape(n, h * w) if flat else x).float().div_(255), y.long()
 
 
 def load_idx_folder(
@@ -596,12 +699,26 @@ def load_dataset(
     return load_idx_folder(fetch_dataset(name, mirror), flat)
 
 # %% ../nbs/A1_downloads.ipynb #67d90ae6
+def _check_showable(what: str, x_train, y_train, x_valid, y_valid) -> None:
+    """A ValueError naming data set `what` if a split is empty, its images have no pixels or a
+    label is negative: nothing to count or draw."""
+    for split, x, y in (('train', x_train, y_train), ('valid', x_valid, y_valid)):
+        if len(x) == 0:
+            raise ValueError(f"{what}: the {split} split holds no images")
+        if x[0].numel() == 0:
+            raise ValueError(f"{what}: the {split} images are {' x '.join(map(str, x.shape[1:]))}")
+        if y.min() < 0:  # classes are counted with bincount, an index
+            raise ValueError(f"{what}: a {split} label is {int(y.min())}; classes are 0, 1, ...")
+
+
 def summarize(name: str = 'mnist5k', path: str | os.PathLike | None = None) -> str:
     """A few lines describing data set `name` (or the IDX folder `path`): sizes, classes, pixel
     statistics."""
     t0 = time.perf_counter()
-    x_train, y_train, x_valid, y_valid = load_dataset(name, path)
+    x_train, y_train, x_valid, y_valid = load_dataset(name, path, flat=False)
     secs = time.perf_counter() - t0
+    _check_showable(str(path or name), x_train, y_train, x_valid, y_valid)
+    x_train, x_valid = x_train.flatten(1), x_valid.flatten(1)
     counts = torch.bincount(y_train).tolist()
     return '\n'.join(
         [
@@ -649,6 +766,22 @@ class CommandLine(argparse.ArgumentParser):
         cli_error(self.name, message)
 
 
+def _grid_path(parser: CommandLine, out: str) -> Path:
+    """Where `--out` puts the grid: inside it if it is a folder; `.png` added if it has no suffix; a
+    format matplotlib writes."""
+    path = Path(out)
+    if path.is_dir():
+        return path / 'data_samples.png'
+    if not path.suffix:
+        return path.with_suffix('.png')  # what savefig writes: the path printed is the path written
+    from matplotlib.backend_bases import FigureCanvasBase  # here: only the command needs it
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if path.suffix[1:].lower() not in formats:
+        parser.error(f"--out {out}: no image format {path.suffix!r}; known: {', '.join(formats)}")
+    return path
+
+
 def main(argv: list[str] | None = None, *, show_images: Callable) -> None:
     """`python -m exp.data`: print a summary of a data set and save a PNG grid of sample images,
     drawn by `show_images`."""
@@ -671,6 +804,7 @@ def main(argv: list[str] | None = None, *, show_images: Callable) -> None:
         help='where to save the grid of samples (default: %(default)s)',
     )
     args = parser.parse_args(argv)
+    out = _grid_path(parser, args.out)
     if args.path is None and args.name not in KNOWN_DATA:
         parser.error(f"--name {args.name!r} is not a data set; known: {', '.join(KNOWN_DATA)}")
     if args.path is not None and not Path(args.path).is_dir():
@@ -680,7 +814,6 @@ def main(argv: list[str] | None = None, *, show_images: Callable) -> None:
         x_train, y_train, *_ = load_dataset(args.name, args.path)
     except (ValueError, OSError) as e:
         parser.error(e)
-    out = Path(args.out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         show_images(x_train, y_train, n=32).savefig(out, dpi=80)

@@ -27,6 +27,7 @@ __all__ = ['build_kernel', 'kernel_fits', 'kernel_batch_norm', 'try_compile']
 _KERNEL_SOURCE = r"""
 #include <ATen/ATen.h>
 #include <torch/library.h>
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <tuple>
@@ -35,8 +36,11 @@ using at::Tensor;
 
 static const float* floats(const Tensor& t) { return t.data_ptr<float>(); }
 
-// Per channel: the mean, then the sum of squares about it (two passes: no cancellation), then
-// y = x * a + b in a third. The running statistics move inside the same loop.
+// Per channel: the mean, summing x - x0 (x0 the channel's first value: a large mean then costs the
+// float sums no precision); then the sum of squares about it (two passes: no cancellation); then
+// y = x * a + b in a third, or y = (x - mean) * a + b where mean * a is large (a constant 1e4
+// channel: 3e6, whose rounding to float would be all of y). The running statistics move inside
+// the same loop.
 std::tuple<Tensor, Tensor, Tensor> bn_forward(const Tensor& x_, const std::optional<Tensor>& weight,
     const std::optional<Tensor>& bias, const std::optional<Tensor>& running_mean,
     const std::optional<Tensor>& running_var, const std::optional<Tensor>& num_batches_tracked,
@@ -45,11 +49,13 @@ std::tuple<Tensor, Tensor, Tensor> bn_forward(const Tensor& x_, const std::optio
               "bn_forward: a float32 CPU tensor");
   const Tensor x = x_.contiguous();
   const int64_t N = x.size(0), C = x.size(1), S = x.numel() / (N * C), n = N * S;
-  Tensor y = at::empty_like(x), mean = at::empty({C}, x.options());
+  // the mean in double: the backward pass needs it to more than float's digits when it is large
+  Tensor y = at::empty_like(x), mean = at::empty({C}, x.options().dtype(at::kDouble));
   Tensor invstd = at::empty({C}, x.options());
   const float *xp = floats(x), *wp = weight ? floats(*weight) : nullptr;
   const float *bp = bias ? floats(*bias) : nullptr;
-  float *yp = y.data_ptr<float>(), *mp = mean.data_ptr<float>(), *ip = invstd.data_ptr<float>();
+  float *yp = y.data_ptr<float>(), *ip = invstd.data_ptr<float>();
+  double* mp = mean.data_ptr<double>();
   float *rm = running_mean ? running_mean->data_ptr<float>() : nullptr;
   float *rv = running_var ? running_var->data_ptr<float>() : nullptr;
   // torch's momentum convention; none: the cumulative average, the new value weighted
@@ -60,15 +66,16 @@ std::tuple<Tensor, Tensor, Tensor> bn_forward(const Tensor& x_, const std::optio
     m = momentum ? *momentum : 1. / count;
   }
   for (int64_t c = 0; c < C; ++c) {
+    const float x0 = xp[c * S];
     double sum = 0, sqr = 0;
     for (int64_t i = 0; i < N; ++i) {
       const float* row = xp + (i * C + c) * S;
       float row_sum = 0;
 #pragma omp simd reduction(+:row_sum)
-      for (int64_t j = 0; j < S; ++j) row_sum += row[j];
+      for (int64_t j = 0; j < S; ++j) row_sum += row[j] - x0;
       sum += row_sum;
     }
-    const double mu = sum / n;
+    const double mu = x0 + sum / n;
     const float muf = mu;
     for (int64_t i = 0; i < N; ++i) {
       const float* row = xp + (i * C + c) * S;
@@ -77,24 +84,34 @@ std::tuple<Tensor, Tensor, Tensor> bn_forward(const Tensor& x_, const std::optio
       for (int64_t j = 0; j < S; ++j) { const float d = row[j] - muf; row_sqr += d * d; }
       sqr += row_sqr;
     }
+    const double r = mu - muf;  // what rounding the mean to float lost
+    sqr = std::max(sqr - n * r * r, 0.);  // the squares about mu itself, not about muf
     const double is = 1 / std::sqrt(sqr / n + eps);
     mp[c] = mu;
     ip[c] = is;
     if (rm) rm[c] = (1 - m) * rm[c] + m * mu;
     if (rv) rv[c] = (1 - m) * rv[c] + m * sqr / (n - 1);  // the unbiased variance
     const double w = wp ? wp[c] : 1.;
-    const float a = is * w, b = (bp ? bp[c] : 0.) - mu * is * w;
+    const float a = is * w, b = (bp ? bp[c] : 0.) - r * is * w;  // for (x - muf) * a + b
+    const float b0 = (bp ? bp[c] : 0.) - mu * is * w;  // for x * a + b0
+    const bool big = std::abs(mu * is * w) > 1;  // b0's rounding would show
     for (int64_t i = 0; i < N; ++i) {
       const float* row = xp + (i * C + c) * S;
       float* out = yp + (i * C + c) * S;
+      if (big) {
 #pragma omp simd
-      for (int64_t j = 0; j < S; ++j) out[j] = row[j] * a + b;
+        for (int64_t j = 0; j < S; ++j) out[j] = (row[j] - muf) * a + b;
+      } else {
+#pragma omp simd
+        for (int64_t j = 0; j < S; ++j) out[j] = row[j] * a + b0;
+      }
     }
   }
   return {y, mean, invstd};
 }
 
-// Per channel: sum(g) and sum(g * (x - mean)) in one pass, then dL/dx in a second.
+// Per channel: sum(g) and sum(g * (x - m)) in one pass (m the mean rounded to float, r what that
+// lost), then dL/dx in a second.
 std::tuple<Tensor, Tensor, Tensor> bn_backward(const Tensor& grad_y, const Tensor& x_,
     const Tensor& mean, const Tensor& invstd, const std::optional<Tensor>& weight) {
   const Tensor x = x_.contiguous(), g = grad_y.contiguous().to(at::kFloat);
@@ -102,12 +119,13 @@ std::tuple<Tensor, Tensor, Tensor> bn_backward(const Tensor& grad_y, const Tenso
   Tensor grad_x = at::empty_like(x), grad_weight = at::empty({C}, x.options());
   Tensor grad_bias = at::empty({C}, x.options());
   const float *xp = floats(x), *gp = floats(g), *wp = weight ? floats(*weight) : nullptr;
-  const float *mp = floats(mean), *ip = floats(invstd);
+  const double* mp = mean.data_ptr<double>();
+  const float* ip = floats(invstd);
   float *out = grad_x.data_ptr<float>(), *gwp = grad_weight.data_ptr<float>();
   float *gbp = grad_bias.data_ptr<float>();
   for (int64_t c = 0; c < C; ++c) {
     const float mu = mp[c];
-    const double is = ip[c];
+    const double r = mp[c] - mu, is = ip[c];
     double sg = 0, sgx = 0;
     for (int64_t i = 0; i < N; ++i) {
       const float *row = xp + (i * C + c) * S, *grow = gp + (i * C + c) * S;
@@ -117,10 +135,13 @@ std::tuple<Tensor, Tensor, Tensor> bn_backward(const Tensor& grad_y, const Tenso
       sg += row_g;
       sgx += row_gx;
     }
+    sgx -= r * sg;  // sum(g * (x - mean)) = sum(g * (x - m)) - r * sum(g)
     gbp[c] = sg;
     gwp[c] = sgx * is;  // sum(g * x_hat)
-    // dL/dx = w * is * (g - sum(g)/n - (x - mean) * is^2 * sum(g * (x - mean))/n)
-    const float k = (wp ? wp[c] : 1.) * is, mg = sg / n, cx = sgx * is * is / n;
+    // dL/dx = w * is * (g - sum(g)/n - (x - mean) * is^2 * sum(g * (x - mean))/n), x - mean being
+    // (x - m) - r
+    const double cxd = sgx * is * is / n;
+    const float k = (wp ? wp[c] : 1.) * is, mg = sg / n - r * cxd, cx = cxd;
     for (int64_t i = 0; i < N; ++i) {
       const float *row = xp + (i * C + c) * S, *grow = gp + (i * C + c) * S;
       float* o = out + (i * C + c) * S;

@@ -184,7 +184,9 @@ def validate(self: Learner) -> dict[str, float]:
 def predict(self: Learner, x: torch.Tensor) -> torch.Tensor:
     "The predicted class of each input in the batch `x` (on `x`'s device)."
     self.model.eval()
-    device = next(self.model.parameters()).device
+    # a model with neither parameters nor buffers (nn.Flatten) runs where x is
+    held = [*self.model.parameters(), *self.model.buffers()]
+    device = held[0].device if held else x.device
     with torch.no_grad():
         out = self.model(x.to(device))
     return out.argmax(-1).to(x.device)
@@ -198,6 +200,11 @@ def suggest_lr(lrs: Sequence[float], losses: Sequence[float], beta: float = 0.9)
     if isinstance(beta, bool) or not isinstance(beta, Real) or not 0 <= beta < 1:
         raise ValueError(f"beta must be in [0, 1), got {beta!r}")
     lrs, losses = [float(l) for l in lrs], [float(l) for l in losses]  # lists or tensors
+    if not math.isfinite(losses[0]):  # else the first lr would be suggested, from nothing
+        raise ValueError(
+            f"losses[0] is {losses[0]} (at lr {lrs[0]:g}): with no finite loss there is no lr to "
+            "suggest; check that the model's output and the loss are finite at a small lr"
+        )
     avg, best, best_lr = 0.0, math.inf, lrs[0]
     for i, (lr, loss) in enumerate(zip(lrs, losses), 1):
         if not math.isfinite(loss):
@@ -209,6 +216,13 @@ def suggest_lr(lrs: Sequence[float], losses: Sequence[float], beta: float = 0.9)
     return best_lr / 10
 
 
+def _batches(train_dl) -> int:
+    "How many batches the training loader `train_dl` gives; a ValueError if none."
+    if len(train_dl) == 0:
+        raise ValueError("learn.data.train_dl gives no batches (len 0): the LR finder needs some")
+    return len(train_dl)
+
+
 @patch
 def lr_find(
     self: Learner, max_iter: int = 100, min_lr: float = 1e-6, max_lr: float = 10.0
@@ -216,7 +230,7 @@ def lr_find(
     """Run the LR finder (it leaves weights and optimizer as they were); returns a suggested lr.
     Plot: `learn.recorder.plot()`."""
     finder = LRFinder(max_iter, min_lr, max_lr)
-    epochs = math.ceil(max_iter / len(self.data.train_dl))
+    epochs = math.ceil(max_iter / _batches(self.data.train_dl))
     display = self.display
     try:
         self.display = 'off'

@@ -59,16 +59,19 @@ class _BatchNormFunction(torch.autograd.Function):
         shape = [1] * x.dim()
         shape[1] = x.shape[1]
         n = x.numel() // x.shape[1]
-        # sums, not means: the division by n rides on other operations (alpha=), one kernel fewer
-        # each
-        sums = x.sum(dims, keepdim=True)
-        xc = torch.sub(x, sums, alpha=1 / n)  # x - mean
+        # shifted by each channel's first value, so that a large mean costs the sums no precision;
+        # sums, not means: the division by n rides on other operations (alpha=), a kernel fewer
+        first = x.as_strided(shape, x.stride())  # x[:1, :, :1, :1], in one call
+        xc = x - first
+        sums = xc.sum(dims, keepdim=True)
+        xc.sub_(sums, alpha=1 / n)  # x - mean
         y = xc * xc  # y's memory holds the squares first: one allocation fewer
         sqrs = y.sum(dims, keepdim=True)  # two passes, not E[x^2] - E[x]^2: no cancellation
         # the running statistics move here, outside autograd: one output, y, is less bookkeeping
         # than three
         if track is not None:
-            track._update_running_stats(sums.view(-1), sqrs.view(-1), n)
+            means = torch.add(first.reshape(-1), sums.view(-1), alpha=1 / n)
+            track._update_running_stats(means, sqrs.view(-1), n)
         invstd = sqrs.mul_(1 / n).add_(eps).rsqrt_()  # 1 / sqrt(var + eps), in sqrs' memory
         scale = invstd if weight is None else invstd * weight.view(shape)
         torch.mul(xc, scale, out=y)
@@ -178,22 +181,22 @@ class _BatchNormBase(_BatchNorm):
             y += shift.view(shape)
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
-    def _update_running_stats(self, sums: Tensor, sqrs: Tensor, n: int) -> None:
-        """Move the running statistics towards the batch's, as torch does: `sums` of x and `sqrs` of
-        (x - mean)², over `n` values a channel."""
+    def _update_running_stats(self, means: Tensor, sqrs: Tensor, n: int) -> None:
+        """Move the running statistics towards the batch's, as torch does: the `means` of x and the
+        `sqrs` of (x - mean)², over `n` values a channel."""
         self.num_batches_tracked.add_(1)
         rm, rv = self.running_mean, self.running_var
         # the exponential average of the mean and the unbiased variance, sqrs / (n - 1)
         if self.momentum is not None:
             m = self.momentum
             # (add_ also casts to the buffer's dtype, where lerp_ would need a copy)
-            rm.mul_(1 - m).add_(sums, alpha=m / n)
+            rm.mul_(1 - m).add_(means, alpha=m)
             rv.mul_(1 - m).add_(sqrs, alpha=m / (n - 1))
         # weight 1/count, as a tensor (float() of the count, as torch's module does, makes a GPU
         # wait)
         else:
             weight = self.num_batches_tracked.to(rm.dtype).reciprocal()
-            rm.lerp_((sums / n).to(rm.dtype), weight)
+            rm.lerp_(means.to(rm.dtype), weight)
             rv.lerp_((sqrs / (n - 1)).to(rv.dtype), weight)
 
 

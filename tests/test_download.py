@@ -5,6 +5,7 @@ import gzip
 import hashlib
 import http.server
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -760,3 +761,231 @@ def test_the_command_line_draws_with_the_function_it_is_given(tmp_path, cache, c
     assert 'train:      (4000, 784)' in capsys.readouterr().out
     with pytest.raises(TypeError, match='show_images must be a function that draws the grid'):
         download.main([], show_images=None)
+
+
+# ---------------- inputs that ended in errors from deep inside numpy, torch, urllib or pathlib
+
+
+def test_an_idx_header_no_array_can_hold_is_refused_naming_the_file(tmp_path):
+    # 65 dimensions: numpy's "maximum supported dimension"; (0, 2**32-1, 2**32-1): its "array is
+    # too big", though it holds nothing; neither named the file
+    for dims, message in [
+        ([1] * 65, 'the header declares 65 dimensions; numpy and torch take 64'),
+        (
+            [0, 2**32 - 1, 2**32 - 1],
+            r'the header declares dimensions \[0, 4294967295, 4294967295\]: too large',
+        ),
+    ]:
+        path = tmp_path / 'crafted-idx3-ubyte'
+        path.write_bytes(idx_bytes(0x08, dims, b''))
+        with pytest.raises(ValueError, match=f'^{re.escape(str(path))}: {message}'):
+            read_idx(path)
+        with pytest.raises(ValueError, match=f'^crafted: {message}'):
+            parse_idx(path.read_bytes(), 'crafted')
+
+
+def test_write_idx_refuses_a_dimension_of_2_to_the_32(tmp_path):
+    t = torch.empty(0, 2**32, dtype=torch.uint8)  # no memory: no elements
+    with pytest.raises(ValueError, match=r't.shape=\(0, 4294967296\): IDX stores each dimension'):
+        write_idx(tmp_path / 'big.idx', t)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_folder_of_no_images_loads_as_empty_tensors(tmp_path):
+    # flat, the reshape to (0, -1) raised torch's "cannot reshape tensor of 0 elements"; the
+    # trainer, which loads (N, H, W), says itself which split is empty
+    make_idx_folder(tmp_path)
+    write_idx(tmp_path / 'train-images-idx3-ubyte.gz', torch.zeros(0, 28, 28, dtype=torch.uint8))
+    write_idx(tmp_path / 'train-labels-idx1-ubyte.gz', torch.zeros(0, dtype=torch.uint8))
+    x_train, y_train, x_valid, _ = get_data(path=tmp_path)
+    ft.test_eq((x_train.shape, y_train.shape, x_valid.shape), ((0, 784), (0,), (5, 784)))
+    ft.test_eq(get_data(path=tmp_path, flat=False)[0].shape, (0, 28, 28))
+
+
+@pytest.mark.parametrize(
+    'which, tensor, message',
+    [
+        (0, torch.zeros(0, 28, 28, dtype=torch.uint8), 'the train split holds no images'),
+        (2, torch.zeros(0, 28, 28, dtype=torch.uint8), 'the valid split holds no images'),
+        (0, torch.zeros(12, 28, 0, dtype=torch.uint8), 'the train images are 28 x 0'),
+        (1, torch.tensor([0, 1, -3] * 4, dtype=torch.int8), r'a train label is -3; classes are 0'),
+    ],
+    ids=['no_training_images', 'no_validation_images', 'zero_width', 'a_negative_label'],
+)
+def test_a_folder_with_nothing_to_summarize_is_refused_naming_it(tmp_path, which, tensor, message):
+    # torch's bincount on a negative label, and show_images' reshape of no pixels, raised before
+    make_idx_folder(tmp_path)
+    write_idx(tmp_path / (IDX_FILES[which] + '.gz'), tensor)
+    if which in (0, 2) and len(tensor) == 0:  # as many labels, so that the counts agree
+        write_idx(tmp_path / (IDX_FILES[which + 1] + '.gz'), torch.zeros(0, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=f'^{re.escape(str(tmp_path))}: {message}'):
+        download.summarize(path=tmp_path)
+
+
+def test_a_mirror_that_is_not_an_address_is_named(cache, monkeypatch):
+    monkeypatch.delenv('EXP_MNIST_MIRROR', raising=False)
+    with pytest.raises(ValueError, match=r"^mirror='not a url' is not a mirror's address"):
+        get_data('mnist', mirror='not a url')
+    monkeypatch.setenv('EXP_MNIST_MIRROR', 'example.org/mnist')
+    with pytest.raises(ValueError, match=r"^EXP_MNIST_MIRROR='example.org/mnist' is not a mirror"):
+        get_data('mnist')
+    assert not cache.exists()
+
+
+def test_exp_data_naming_a_file_is_named(tmp_path, monkeypatch):
+    (tmp_path / 'a_file').write_text('not a folder')
+    monkeypatch.setenv('EXP_DATA', str(tmp_path / 'a_file'))
+    with pytest.raises(ValueError, match=r"^EXP_DATA='.*a_file' is a file: the download cache"):
+        get_data('mnist', mirror=closed_port_url())
+    # unset, the default folder is named as what it is
+    monkeypatch.delenv('EXP_DATA')
+    monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+    (tmp_path / 'home' / '.cache').mkdir(parents=True)
+    (tmp_path / 'home' / '.cache' / 'exp').write_text('not a folder')
+    with pytest.raises(ValueError, match=r"^the cache folder '.*/home/.cache/exp' is a file"):
+        download.data_dir()
+
+
+# ---------------- what a download says
+
+
+class Trickle:
+    "An HTTP server that sends /f.bin (4 x 1000 bytes) in four pieces, 0.45 s apart."
+
+    def __init__(self, content: bytes):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                self.send_response(200)
+                self.send_header('Content-Length', str(len(content)))
+                self.end_headers()
+                for i in range(0, len(content), 1000):
+                    time.sleep(0.45)
+                    self.wfile.write(content[i : i + 1000])
+                    self.wfile.flush()
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+        self.url = f'http://127.0.0.1:{self.httpd.server_address[1]}/data/f.bin'
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
+
+
+@pytest.mark.parametrize('tty', [False, True], ids=['a_log', 'a_terminal'])
+def test_a_download_says_what_it_fetches_and_how_far_it_is(tmp_path, capsys, monkeypatch, tty):
+    monkeypatch.setattr(download, '_isatty', lambda stream: tty)
+    content = os.urandom(4000)
+    trickle = Trickle(content)
+    try:
+        download_file(trickle.url, tmp_path / 'f.bin', sha(content), size=4000)
+    finally:
+        trickle.httpd.shutdown()
+    err = capsys.readouterr().err
+    lines = err.split('\n')
+    base = trickle.url.rsplit('/', 1)[0]
+    ft.test_eq(lines[0], f'downloading f.bin (4 kB) from {base}/')
+    # more than a second: progress, then a last line with the time it took
+    assert re.search(r'f\.bin: [23] kB of 4 kB \([57]\d%\), \d+ (kB|bytes)/s', err), err
+    assert re.search(r'f\.bin: 4 kB in [12]\.\d s', lines[-2]), err
+    if tty:  # one line, rewritten in place: the first line and the progress line end in a newline
+        ft.test_eq(err.count('\n'), 2)
+        assert '\r' in lines[1]
+    else:  # a few plain lines, no carriage return
+        assert 3 <= err.count('\n') <= 6 and '\r' not in err, err
+
+
+def test_a_quick_download_says_one_line(server, tmp_path, capsys):
+    content = os.urandom(3000)
+    (server.root / 'f.bin').write_bytes(content)
+    download_file(server.url + 'f.bin', tmp_path / 'f.bin', sha(content))
+    ft.test_eq(
+        capsys.readouterr().err,
+        f'downloading f.bin (3 kB) from {server.url}\n',  # the size the server announced
+    )
+
+
+def test_offline_one_message_that_says_how_to_supply_the_file(cache, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(
+        DATASETS,
+        'fashion',
+        {
+            **DATASETS['fashion'],
+            'system_dir': str(tmp_path / 'not_installed'),
+            'mirror': closed_port_url(),
+        },
+    )
+    monkeypatch.delenv('EXP_FASHION_MIRROR', raising=False)
+    with pytest.raises(DownloadError) as info:
+        get_data('fashion')
+    message = str(info.value)
+    assert message.startswith('could not fetch') and 'Connection refused' in message
+    assert 'apt-get install dataset-fashion-mnist' in message and 'EXP_FASHION_MIRROR' in message
+    # no chained traceback: urllib's would come first and bury the message
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    ft.test_eq(capsys.readouterr().err, '')  # a refused connection: nothing but the error
+    # and from a script: the traceback ends in that message, with no "During handling of..." above
+    proc = subprocess.run(
+        [sys.executable, '-c', "from exp.data import get_data; get_data('mnist')"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, 'EXP_DATA': str(cache), 'EXP_MNIST_MIRROR': closed_port_url()},
+    )
+    assert proc.returncode == 1 and 'exp.download.DownloadError: could not fetch' in proc.stderr
+    assert 'During handling' not in proc.stderr and 'direct cause' not in proc.stderr, proc.stderr
+    assert 'downloading' not in proc.stderr, proc.stderr
+    assert proc.stderr.count('\n') < 30, proc.stderr
+
+
+# ---------------- the command line's inputs
+
+
+def run_data_cli(tmp_path, *args):
+    return subprocess.run(
+        [sys.executable, '-m', 'exp.data', *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env={**os.environ, 'EXP_DATA': str(tmp_path / 'cache'), 'MPLBACKEND': 'Agg'},
+    )
+
+
+@pytest.mark.parametrize(
+    'which, tensor, message',
+    [
+        (1, torch.tensor([0, 1, -3] * 4, dtype=torch.int8), 'data: a train label is -3'),
+        (2, torch.zeros(0, 28, 28, dtype=torch.uint8), 'data: the valid split holds no images'),
+        (0, torch.zeros(12, 28, 0, dtype=torch.uint8), 'data: the train images are 28 x 0'),
+    ],
+    ids=['a_negative_label', 'an_empty_split', 'zero_width'],
+)
+def test_the_command_line_refuses_a_folder_with_nothing_to_learn_in_one_line(
+    tmp_path, which, tensor, message
+):
+    make_idx_folder(tmp_path / 'data')
+    write_idx(tmp_path / 'data' / (IDX_FILES[which] + '.gz'), tensor)
+    if which == 2:
+        write_idx(tmp_path / 'data' / (IDX_FILES[3] + '.gz'), torch.zeros(0, dtype=torch.uint8))
+    proc = run_data_cli(tmp_path, '--path', 'data')
+    ft.test_eq((proc.returncode, proc.stderr.count('\n')), (2, 1))
+    assert proc.stderr.startswith(f'exp.data: error: {message}'), proc.stderr
+
+
+def test_the_command_line_writes_where_it_says(tmp_path):
+    proc = run_data_cli(tmp_path, '--out', 'x.xyz')
+    ft.test_eq((proc.returncode, proc.stderr.count('\n')), (2, 1))
+    assert proc.stderr.startswith("exp.data: error: --out x.xyz: no image format '.xyz'; known: ")
+    assert 'png' in proc.stderr and not (tmp_path / 'x.xyz').exists()
+    # no suffix: matplotlib writes grid.png, and the command said grid
+    proc = run_data_cli(tmp_path, '--out', str(Path('dir', 'grid')))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == f"samples:    {Path('dir', 'grid.png')}"
+    assert (tmp_path / 'dir' / 'grid.png').read_bytes()[:4] == b'\x89PNG'
+    # a folder: the grid goes inside it, not beside it as FOLDER.png
+    (tmp_path / 'folder').mkdir()
+    proc = run_data_cli(tmp_path, '--out', 'folder')
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == f"samples:    {Path('folder', 'data_samples.png')}"
+    assert (tmp_path / 'folder' / 'data_samples.png').is_file()
+    assert not (tmp_path / 'folder.png').exists()

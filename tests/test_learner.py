@@ -157,6 +157,33 @@ def test_suggest_lr():
     )
 
 
+def test_a_finder_whose_every_loss_is_nan_suggests_nothing():
+    # the first lr's tenth (1e-7) came back, suggested from no finite loss at all
+    with pytest.raises(
+        ValueError, match=r'losses\[0\] is nan \(at lr 1e-06\): with no finite loss'
+    ):
+        suggest_lr([1e-6, 1e-5], [math.nan, math.nan])
+    learn = make_learner()
+    with torch.no_grad():
+        learn.model[0].weight.fill_(math.nan)
+    with pytest.raises(ValueError, match='no lr to suggest'):
+        learn.lr_find(max_iter=20)
+
+
+def test_lr_find_on_a_loader_without_batches_says_so():
+    learn = make_learner()
+    learn.data = DataBunch([], learn.data.valid_dl, 4)  # a ZeroDivisionError before
+    with pytest.raises(ValueError, match=r'learn.data.train_dl gives no batches \(len 0\)'):
+        learn.lr_find(max_iter=20)
+
+
+def test_predict_with_a_model_without_parameters():
+    learn = make_learner()
+    learn.model = nn.Flatten()  # next(parameters()) raised StopIteration
+    x = torch.tensor([[0.0, 2.0, 1.0], [3.0, 1.0, 0.0]])
+    ft.test_eq(learn.predict(x), torch.tensor([1, 0]))
+
+
 def test_to_fp16_to_bf16_to_fp32_chain():
     learn = make_learner()
     assert learn.to_fp16() is learn and isinstance(learn.cbs[-1], MixedPrecision)
