@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 # %% auto #0
-__all__ = ['ExerciseError', 'exercise', 'expect_close', 'expect_number', 'check_relu', 'check_mse', 'check_one_hot', 'check_idx_dims', 'check_normalize_valid', 'check_logsumexp_rows', 'check_nll_by_hand', 'check_sigmoid_backward', 'check_scale_backward', 'check_leaky_relu_function', 'check_n_batches', 'check_epoch_loss', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step', 'check_n_events', 'check_cancelled_batch', 'check_cos_anneal', 'check_one_cycle_lr', 'check_lr_at', 'check_stopping_epoch', 'check_eta', 'check_redrawn_line', 'check_conv_out_size', 'check_conv_params', 'check_he_std', 'check_zero_fraction', 'check_fan_in', 'check_instance_norm', 'check_fold_bn', 'check_running_var_after', 'check_next_scale', 'check_smallest_scale', 'check_resume_start', 'check_suggest_lr', 'check_rank_share', 'check_averaged_grad', 'check_cycle_lrs', 'check_partial_folder', 'check_conv_macs', 'check_resblock_params', 'check_lin_grads', 'check_ce_grad', 'check_reused_grad', 'check_value_tanh', 'check_smooth_targets', 'check_mixup_batch', 'check_tta_probs', 'check_broadcast_shape', 'check_matmul_no_loops', 'check_row_dots']
+__all__ = ['ExerciseError', 'exercise', 'expect_close', 'expect_number', 'check_relu', 'check_mse', 'check_one_hot', 'check_idx_dims', 'check_normalize_valid', 'check_broadcast_shape', 'check_matmul_no_loops', 'check_row_dots', 'check_logsumexp_rows', 'check_nll_by_hand', 'check_sigmoid_backward', 'check_scale_backward', 'check_leaky_relu_function', 'check_lin_grads', 'check_ce_grad', 'check_reused_grad', 'check_value_tanh', 'check_n_batches', 'check_epoch_loss', 'check_ewma_after_three', 'check_rmsprop_step', 'check_adam_first_step', 'check_n_events', 'check_cancelled_batch', 'check_cos_anneal', 'check_one_cycle_lr', 'check_lr_at', 'check_stopping_epoch', 'check_eta', 'check_redrawn_line', 'check_conv_out_size', 'check_conv_params', 'check_he_std', 'check_zero_fraction', 'check_fan_in', 'check_instance_norm', 'check_fold_bn', 'check_running_var_after', 'check_next_scale', 'check_smallest_scale', 'check_resume_start', 'check_suggest_lr', 'check_rank_share', 'check_averaged_grad', 'check_conv_macs', 'check_resblock_params', 'check_smooth_targets', 'check_mixup_batch', 'check_tta_probs', 'check_cycle_lrs', 'check_partial_folder']
 
 # %% ../nbs/00_exercises.ipynb #4ac8ecb2
 class ExerciseError(AssertionError):
@@ -241,6 +241,145 @@ def check_normalize_valid(
         ],
     )
 
+# %% ../nbs/A7_exercise_checks.ipynb #32a3d5f1
+import torch
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #bb994cad
+def _left_aligned(sa: tuple, sb: tuple) -> tuple | None:
+    "Broadcasting `sa` and `sb` lined up from the left (the usual mistake); None if that fails too."
+    n = max(len(sa), len(sb))
+    sa, sb = tuple(sa) + (1,) * (n - len(sa)), tuple(sb) + (1,) * (n - len(sb))
+    if any(x != y and 1 not in (x, y) for x, y in zip(sa, sb)):
+        return None
+    return tuple(max(x, y) for x, y in zip(sa, sb))
+
+
+@exercise
+def check_broadcast_shape(broadcast_shape: Callable[[tuple, tuple], tuple]) -> None:
+    """Exercise 1: `broadcast_shape(shape_a, shape_b)` is the broadcast shape, or raises ValueError
+    if there is none."""
+    good = [((3, 3), (3,)), ((5, 1), (5,)), ((8, 1, 6, 1), (7, 1, 5)), ((256, 256, 3), (3,))]
+    good += [((2, 1), (1, 4)), ((4,), ()), ((1,), (2, 3, 1))]
+    for sa, sb in good:
+        what, want = f"broadcast_shape({sa}, {sb})", tuple(torch.broadcast_shapes(sa, sb))
+        try:
+            got = broadcast_shape(sa, sb)
+        except ValueError as e:
+            raise ExerciseError(
+                f"{what} raised ValueError ({e}), but these shapes broadcast to {want}"
+            ) from None
+        try:
+            got = tuple(int(d) for d in got)
+        except (TypeError, ValueError):
+            raise ExerciseError(f"{what} should return a tuple of ints, got {got!r}") from None
+        if got == want:
+            continue
+        if got == _left_aligned(sa, sb):
+            raise ExerciseError(
+                f"{what} is {got}, should be {want}: line the shapes up from the right (their last "
+                "dimensions), not from the left"
+            )
+        if len(got) != len(want):
+            raise ExerciseError(
+                f"{what} is {got}, should be {want}: the result has as many dimensions as the "
+                "longer shape"
+            )
+        raise ExerciseError(
+            f"{what} is {got}, should be {want}. Hint: a size 1 takes the other size"
+        )
+    for sa, sb in [((2, 3), (4, 3)), ((3,), (4,)), ((5, 2), (5,))]:
+        try:
+            got = broadcast_shape(sa, sb)
+        except ValueError:
+            continue
+        raise ExerciseError(
+            f"broadcast_shape({sa}, {sb}) returned {got!r}, but these shapes do not broadcast: "
+            "two sizes that differ, neither of them 1, are incompatible; raise ValueError"
+        )
+
+
+class _Calls(TorchFunctionMode):
+    "Records the name of every torch function called while it is active."
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.names.append(getattr(func, '__name__', str(func)))
+        return func(*args, **(kwargs or {}))
+
+
+@exercise
+def check_matmul_no_loops(matmul_no_loops: Callable[[Tensor, Tensor], Tensor]) -> None:
+    """Exercise 2: `matmul_no_loops(a, b)` is `a @ b` from one broadcast product and one sum, with
+    no loop and no matmul."""
+    gen = torch.Generator().manual_seed(0)
+    for n, k, m in [(6, 5, 3), (4, 4, 4)]:
+        a, b = torch.randn(n, k, generator=gen), torch.randn(k, m, generator=gen)
+        with _Calls() as calls:
+            got = matmul_no_loops(a.clone(), b.clone())
+        used = {'matmul', '__matmul__', 'mm', 'einsum', 'bmm', 'mv', 'dot', 'tensordot', 'inner'}
+        used &= set(calls.names)
+        if used:
+            raise ExerciseError(
+                f"matmul_no_loops calls {sorted(used)}: build the product from a broadcast "
+                "elementwise product and a sum instead"
+            )
+        if len(calls.names) > 2 * n:
+            raise ExerciseError(
+                f"matmul_no_loops made {len(calls.names)} torch calls for {n} rows: a Python loop? "
+                "Use one broadcast product of shape (n, k, m) and one sum"
+            )
+        what = f"matmul_no_loops(a, b) for a {(n, k)} and b {(k, m)}"
+        if isinstance(got, Tensor) and got.shape == (m, n) != (n, m):
+            raise ExerciseError(
+                f"{what} has shape {(m, n)}: that is (a @ b).T, rows and columns swapped"
+            )
+        # on square matrices a swapped or misplaced index keeps the shape: name it
+        mistakes = []
+        if n == k == m:
+            mistakes = [
+                (b @ a, "that is b @ a: the order matters, rows of a with columns of b"),
+                (a * b, "that is the elementwise product a * b, not the matrix product"),
+                (
+                    a.sum(0)[:, None] * b,
+                    "that sums over a's rows (i): sum over k, the dimension a and b share",
+                ),
+                ((a @ b).T, "that is (a @ b).T: rows and columns swapped"),
+            ]
+        expect_close(
+            got,
+            a @ b,
+            what,
+            eps=1e-4,
+            mistakes=mistakes,
+            hint="a[:, :, None] * b[None] has shape (n, k, m); sum it over k",
+        )
+
+
+@exercise
+def check_row_dots(row_dots: Callable[[Tensor, Tensor], Tensor]) -> None:
+    "Exercise 3: `row_dots(x, y)` is the dot product of each row of `x` with the same row of `y`."
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(5, 3, generator=gen), torch.randn(5, 3, generator=gen)
+    got = row_dots(x.clone(), y.clone())
+    what = 'row_dots(x, y) for x and y of shape (5, 3)'
+    shape_hints = {
+        (): "a single number: 'ij,ij->' sums over i too; keep i in the result ('ij,ij->i')",
+        (3,): "one number per column: that summed over the rows (i); sum over j instead",
+        (5, 5): "every row of x with every row of y, x @ y.T; only the matching rows: 'ij,ij->i'",
+        (5, 3): "the elementwise product, not yet summed along each row",
+    }
+    if isinstance(got, Tensor) and tuple(got.shape) in shape_hints:
+        raise ExerciseError(
+            f"{what} has shape {tuple(got.shape)}, " + shape_hints[tuple(got.shape)]
+        )
+    expect_close(got, (x * y).sum(1), what, hint="torch.einsum('ij,ij->i', x, y)")
+
 # %% ../nbs/A7_exercise_checks.ipynb #80a09f9f
 import torch
 from torch import Tensor
@@ -437,6 +576,203 @@ def check_leaky_relu_function(function: type) -> None:
         function.apply, (x.clone().requires_grad_(),), raise_exception=False
     ):
         raise ExerciseError("torch.autograd.gradcheck disagrees with your backward")
+
+# %% ../nbs/A7_exercise_checks.ipynb #630ef4fa
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #cc0cd448
+def _vjp(f: Callable[[Tensor], Tensor], x: Tensor, out_g: Tensor) -> Tensor:
+    "The gradient with respect to `x` of a loss whose gradient with respect to `f(x)` is `out_g`."
+    x = x.detach().clone().requires_grad_()
+    return torch.autograd.grad(f(x), x, out_g)[0]
+
+
+@exercise
+def check_lin_grads(lin_grads: Callable[[Tensor, Tensor, Tensor], tuple]) -> None:
+    """Exercise 4 of 02b: `lin_grads(inp, w, out_g)` is `(inp_g, w_g, b_g)` for out = inp @ w + b,
+    w of shape (in, out)."""
+    gen = torch.Generator().manual_seed(0)
+    rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
+    for n_in, n_out in ((4, 4), (5, 3)):  # square first: there a missing transpose runs
+        inp, w, b, out_g = rand(6, n_in), rand(n_in, n_out), rand(n_out), rand(6, n_out)
+        shapes = f"inp {tuple(inp.shape)}, w {tuple(w.shape)}, out_g {tuple(out_g.shape)}"
+        try:
+            got = lin_grads(inp.clone(), w.clone(), out_g.clone())
+        except RuntimeError as e:
+            if 'shape' not in str(e) and 'size' not in str(e):
+                raise
+            raise ExerciseError(
+                f"with {shapes}, lin_grads raised: {e}. Sizes that do not line up in a product "
+                "mean a missing transpose: each gradient has the shape of what it is the "
+                "gradient of"
+            ) from None
+        if not (isinstance(got, tuple) and len(got) == 3):
+            raise ExerciseError("lin_grads should return a tuple (inp_g, w_g, b_g)")
+        inp_g, w_g, b_g = got
+        square = n_in == n_out
+        expect_close(
+            inp_g,
+            _vjp(lambda t: t @ w + b, inp, out_g),
+            f'inp_g (with {shapes})',
+            mistakes=[(out_g @ w, "a missing transpose: inp_g = out_g @ w.T")] if square else [],
+        )
+        if isinstance(w_g, Tensor) and w_g.shape == w.t().shape and not square:
+            raise ExerciseError(
+                f"w_g has shape {tuple(w_g.shape)}, w's transposed (a missing transpose): "
+                "w_g = inp.T @ out_g has w's shape"
+            )
+        n = len(inp)
+        expect_close(
+            w_g,
+            _vjp(lambda t: inp @ t + b, w, out_g),
+            f'w_g (with {shapes})',
+            mistakes=[
+                (out_g.t() @ inp, "a missing transpose: w_g = inp.T @ out_g has w's shape"),
+                (
+                    inp.t() @ out_g / n,
+                    "a mean over the batch where a sum belongs: every example adds its share "
+                    "to w's gradient (out_g already holds the loss's 1/N)",
+                ),
+            ],
+        )
+        if isinstance(b_g, Tensor) and b_g.shape == out_g.shape:
+            raise ExerciseError(
+                "b_g has one row per example: b is shared by every row, so add up the rows' "
+                "shares: out_g.sum(0)"
+            )
+        expect_close(
+            b_g,
+            _vjp(lambda t: inp @ w + t, b, out_g),
+            'b_g',
+            mistakes=[
+                (
+                    out_g.mean(0),
+                    "a mean over the batch where a sum belongs: b_g = out_g.sum(0) (out_g "
+                    "already holds the loss's 1/N)",
+                )
+            ],
+        )
+
+
+@exercise
+def check_ce_grad(ce_grad: Callable[[Tensor, Tensor], Tensor]) -> None:
+    """Exercise 5 of 02b: `ce_grad(logits, targ)` is the gradient of F.cross_entropy(logits, targ)
+    (the batch's mean) with respect to `logits`."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(8, 5, generator=gen, dtype=torch.float64) * 2
+    targ = torch.tensor([0, 4, 1, 1, 3, 2, 0, 4])
+    n, probs, one_hot = len(targ), logits.softmax(-1), F.one_hot(targ, 5).double()
+    expect_close(
+        ce_grad(logits.clone(), targ.clone()),
+        _vjp(lambda z: F.cross_entropy(z, targ), logits, torch.tensor(1.0, dtype=torch.float64)),
+        'ce_grad(logits, targ)',
+        mistakes=[
+            (
+                probs - one_hot,
+                f"it is N = {n} times too large: a forgotten 1/N. The loss is the mean of the N "
+                "examples' losses, so each example's gradient is divided by N",
+            ),
+            (
+                (one_hot - probs) / n,
+                "the sign: it is softmax minus one-hot (a step against it raises the right "
+                "class's logit)",
+            ),
+            (probs / n, "the one-hot labels are missing: subtract 1 at each row's target"),
+            (
+                (logits.softmax(0) - one_hot) / n,
+                "that softmax is over the batch (dim 0): take it over the classes (dim -1)",
+            ),
+            (
+                (logits.log_softmax(-1) - one_hot) / n,
+                "log_softmax where softmax belongs: the derivative of log(sum(exp(z))) with "
+                "respect to z_k is exp(z_k) / sum(exp(z))",
+            ),
+            (
+                (probs - one_hot) / probs.numel(),
+                "divided by N * C, a mean over every element: the loss is the mean of the N "
+                "examples' losses only, so divide by N",
+            ),
+        ],
+        hint="differentiate -z_y + log(sum_j exp(z_j)) with respect to z_k, then divide by N",
+    )
+
+# %% ../nbs/A7_exercise_checks.ipynb #9ae7c2a8
+import math
+import torch
+from .autograd import Value
+from typing import Callable
+
+# %% ../nbs/A7_exercise_checks.ipynb #7cf78200
+@exercise
+def check_reused_grad(a_grad: float) -> None:
+    "Exercise 1 of 02c: `a_grad` is a.grad after a = Value(3.0); (a * a + a * 2).backward()."
+    expect_number(
+        a_grad,
+        8.0,
+        'a.grad',
+        mistakes=[
+            (5.0, "a * a uses a twice, so a gets a share from each use: 3 + 3, then 2 from a * 2"),
+            (6.0, "that is a * a's share alone (3 + 3): the share of a * 2 adds to it"),
+            (2.0, "that is a * 2's share alone: the shares add up (+=), 3 + 3 + 2"),
+            (15.0, "that is f's value: a.grad is d f / d a"),
+        ],
+        hint="d f / d a = 2a + 2",
+        reveal=False,
+    )
+
+
+@exercise
+def check_value_tanh(value_tanh: Callable[[Value], Value]) -> None:
+    """Exercise 2 of 02c: `value_tanh(v)` is a Value holding tanh(v.data), made from `v`, that
+    passes its gradient back to `v`."""
+    cases = [  # (an expression of v through `tanh`, its name, the upstream gradient, other uses')
+        (lambda v, tanh: tanh(v) * 3.0, 'tanh(v) * 3', 3.0, 0.0),
+        (lambda v, tanh: tanh(v) + v * 2.0, 'tanh(v) + v * 2', 1.0, 2.0),
+        (lambda v, tanh: v * 2.0 + tanh(v), 'v * 2 + tanh(v)', 1.0, 2.0),
+    ]
+    for x in (-1.5, 0.3, 2.0):
+        v, t = Value(x), math.tanh(x)
+        out = value_tanh(v)
+        if not isinstance(out, Value):
+            raise ExerciseError(f"value_tanh(v) should return a Value, got {type(out).__name__}")
+        if not math.isclose(out.data, t, rel_tol=1e-9):
+            raise ExerciseError(f"value_tanh(Value({x})).data is {out.data:.6g}, tanh is {t:.6g}")
+        if not any(child is v for child in out.children):
+            raise ExerciseError(
+                "the Value value_tanh returns does not record v among its children, so "
+                "backward() never reaches v: make it with Value(t, (v,), 'tanh')"
+            )
+        for f, name, up, other in cases:
+            v, tv = Value(x), torch.tensor(x, dtype=torch.float64, requires_grad=True)
+            f(v, value_tanh).backward()
+            f(tv, torch.tanh).backward()
+            expect_number(
+                v.grad,
+                tv.grad.item(),
+                f'v.grad (f = {name}, v = {x})',
+                mistakes=[
+                    (other, "nothing passed through value_tanh: set out._backward"),
+                    ((1 - t) * up + other, "the derivative of tanh is 1 - tanh**2, not 1 - tanh"),
+                    (
+                        (1 - x**2) * up + other,
+                        "1 - tanh(x)**2, not 1 - x**2: use the output t = tanh(x)",
+                    ),
+                    (
+                        (1 - t**2) + other,
+                        "the chain rule multiplies by out.grad, the gradient that reached the "
+                        "output",
+                    ),
+                    (
+                        (1 - t**2) * up,
+                        "`=` where `+=` belongs: v is used twice here, and setting v.grad wipes "
+                        "out the other use's share",
+                    ),
+                ],
+                rel_tol=1e-9,
+            )
 
 # %% ../nbs/A7_exercise_checks.ipynb #d00eb80c
 import torch
@@ -1511,75 +1847,6 @@ def check_averaged_grad(averaged_grad: Callable) -> None:
         ],
     )
 
-# %% ../nbs/A7_exercise_checks.ipynb #093d927d
-import math
-from .train import ONE_CYCLE, PARTIAL, partial_folder
-from numbers import Real
-from pathlib import Path
-
-# %% ../nbs/A7_exercise_checks.ipynb #36d8cb3a
-def _lr_pair(got, what: str) -> tuple[float, float]:
-    "`got` as a pair of floats; else an ExerciseError naming `what`."
-    if not (
-        isinstance(got, (tuple, list))
-        and len(got) == 2
-        and all(isinstance(v, Real) and not isinstance(v, bool) for v in got)
-    ):
-        raise ExerciseError(f"{what} should be a tuple of two numbers (first, last), got {got!r}")
-    return float(got[0]), float(got[1])
-
-
-@exercise
-def check_cycle_lrs(cycle_lrs) -> None:
-    """Exercise 1: `cycle_lrs(max_lr)` is `(first, last)`, the lrs at which the trainer's one-cycle
-    starts and ends."""
-    div, final = ONE_CYCLE['div_factor'], ONE_CYCLE['final_div']
-    mistakes = [
-        (
-            lambda lr: (lr / 25, lr / 25e4),
-            "that is fastai's default (div_factor 25); the trainer's is ONE_CYCLE",
-        ),
-        (
-            lambda lr: (lr / div, lr / div / final),
-            "final_div divides the peak lr, not the first one",
-        ),
-        (lambda lr: (lr * div, lr * final), "the schedule starts and ends below its peak: divide"),
-    ]
-    for max_lr in (0.1, 0.03, 2.0):
-        what = f"cycle_lrs({max_lr})"
-        got, want = _lr_pair(cycle_lrs(max_lr), what), (max_lr / div, max_lr / final)
-        if all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, want)):
-            continue
-        for wrong, hint in mistakes:
-            if all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, wrong(max_lr))):
-                raise ExerciseError(f"{what} = {got}: {hint}")
-        raise ExerciseError(
-            f"{what} = {got}, should be ({want[0]:g}, {want[1]:g}). Hint: look at ONE_CYCLE and at "
-            "what "
-            "fit_one_cycle's div_factor and final_div divide"
-        )
-
-
-@exercise
-def check_partial_folder(partial_name) -> None:
-    """Exercise 2: `partial_name(out)` is the Path that the run of run folder `out` is written into
-    until it is finished."""
-    for out in ('runs/mlp', 'runs/mnist.v2', 'a/b/c'):
-        got, want = partial_name(out), partial_folder(out)
-        if not isinstance(got, Path):
-            raise ExerciseError(f"partial_name({out!r}) should be a Path, got {type(got).__name__}")
-        if got == want:
-            continue
-        if got == Path(out).with_suffix(PARTIAL):
-            raise ExerciseError(
-                f"partial_name({out!r}) is {str(got)!r}: with_suffix replaces the '.v2' of a name; "
-                "add to the name instead"
-            )
-        raise ExerciseError(
-            f"partial_name({out!r}) is {str(got)!r}, should be {str(want)!r}. Hint: PARTIAL after "
-            "the folder's name"
-        )
-
 # %% ../nbs/A7_exercise_checks.ipynb #66d256fc
 import torch
 from .resnet import ResBlock, layer_stats
@@ -1681,203 +1948,6 @@ def check_resblock_params(resblock_params: Callable[[int, int], int]) -> None:
             "batch norms, and a 1x1 convolution with bias when ni != nf"
         )
 
-# %% ../nbs/A7_exercise_checks.ipynb #630ef4fa
-import torch
-import torch.nn.functional as F
-from torch import Tensor
-from typing import Callable
-
-# %% ../nbs/A7_exercise_checks.ipynb #cc0cd448
-def _vjp(f: Callable[[Tensor], Tensor], x: Tensor, out_g: Tensor) -> Tensor:
-    "The gradient with respect to `x` of a loss whose gradient with respect to `f(x)` is `out_g`."
-    x = x.detach().clone().requires_grad_()
-    return torch.autograd.grad(f(x), x, out_g)[0]
-
-
-@exercise
-def check_lin_grads(lin_grads: Callable[[Tensor, Tensor, Tensor], tuple]) -> None:
-    """Exercise 4 of 02b: `lin_grads(inp, w, out_g)` is `(inp_g, w_g, b_g)` for out = inp @ w + b,
-    w of shape (in, out)."""
-    gen = torch.Generator().manual_seed(0)
-    rand = lambda *shape: torch.randn(*shape, generator=gen, dtype=torch.float64)
-    for n_in, n_out in ((4, 4), (5, 3)):  # square first: there a missing transpose runs
-        inp, w, b, out_g = rand(6, n_in), rand(n_in, n_out), rand(n_out), rand(6, n_out)
-        shapes = f"inp {tuple(inp.shape)}, w {tuple(w.shape)}, out_g {tuple(out_g.shape)}"
-        try:
-            got = lin_grads(inp.clone(), w.clone(), out_g.clone())
-        except RuntimeError as e:
-            if 'shape' not in str(e) and 'size' not in str(e):
-                raise
-            raise ExerciseError(
-                f"with {shapes}, lin_grads raised: {e}. Sizes that do not line up in a product "
-                "mean a missing transpose: each gradient has the shape of what it is the "
-                "gradient of"
-            ) from None
-        if not (isinstance(got, tuple) and len(got) == 3):
-            raise ExerciseError("lin_grads should return a tuple (inp_g, w_g, b_g)")
-        inp_g, w_g, b_g = got
-        square = n_in == n_out
-        expect_close(
-            inp_g,
-            _vjp(lambda t: t @ w + b, inp, out_g),
-            f'inp_g (with {shapes})',
-            mistakes=[(out_g @ w, "a missing transpose: inp_g = out_g @ w.T")] if square else [],
-        )
-        if isinstance(w_g, Tensor) and w_g.shape == w.t().shape and not square:
-            raise ExerciseError(
-                f"w_g has shape {tuple(w_g.shape)}, w's transposed (a missing transpose): "
-                "w_g = inp.T @ out_g has w's shape"
-            )
-        n = len(inp)
-        expect_close(
-            w_g,
-            _vjp(lambda t: inp @ t + b, w, out_g),
-            f'w_g (with {shapes})',
-            mistakes=[
-                (out_g.t() @ inp, "a missing transpose: w_g = inp.T @ out_g has w's shape"),
-                (
-                    inp.t() @ out_g / n,
-                    "a mean over the batch where a sum belongs: every example adds its share "
-                    "to w's gradient (out_g already holds the loss's 1/N)",
-                ),
-            ],
-        )
-        if isinstance(b_g, Tensor) and b_g.shape == out_g.shape:
-            raise ExerciseError(
-                "b_g has one row per example: b is shared by every row, so add up the rows' "
-                "shares: out_g.sum(0)"
-            )
-        expect_close(
-            b_g,
-            _vjp(lambda t: inp @ w + t, b, out_g),
-            'b_g',
-            mistakes=[
-                (
-                    out_g.mean(0),
-                    "a mean over the batch where a sum belongs: b_g = out_g.sum(0) (out_g "
-                    "already holds the loss's 1/N)",
-                )
-            ],
-        )
-
-
-@exercise
-def check_ce_grad(ce_grad: Callable[[Tensor, Tensor], Tensor]) -> None:
-    """Exercise 5 of 02b: `ce_grad(logits, targ)` is the gradient of F.cross_entropy(logits, targ)
-    (the batch's mean) with respect to `logits`."""
-    gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(8, 5, generator=gen, dtype=torch.float64) * 2
-    targ = torch.tensor([0, 4, 1, 1, 3, 2, 0, 4])
-    n, probs, one_hot = len(targ), logits.softmax(-1), F.one_hot(targ, 5).double()
-    expect_close(
-        ce_grad(logits.clone(), targ.clone()),
-        _vjp(lambda z: F.cross_entropy(z, targ), logits, torch.tensor(1.0, dtype=torch.float64)),
-        'ce_grad(logits, targ)',
-        mistakes=[
-            (
-                probs - one_hot,
-                f"it is N = {n} times too large: a forgotten 1/N. The loss is the mean of the N "
-                "examples' losses, so each example's gradient is divided by N",
-            ),
-            (
-                (one_hot - probs) / n,
-                "the sign: it is softmax minus one-hot (a step against it raises the right "
-                "class's logit)",
-            ),
-            (probs / n, "the one-hot labels are missing: subtract 1 at each row's target"),
-            (
-                (logits.softmax(0) - one_hot) / n,
-                "that softmax is over the batch (dim 0): take it over the classes (dim -1)",
-            ),
-            (
-                (logits.log_softmax(-1) - one_hot) / n,
-                "log_softmax where softmax belongs: the derivative of log(sum(exp(z))) with "
-                "respect to z_k is exp(z_k) / sum(exp(z))",
-            ),
-            (
-                (probs - one_hot) / probs.numel(),
-                "divided by N * C, a mean over every element: the loss is the mean of the N "
-                "examples' losses only, so divide by N",
-            ),
-        ],
-        hint="differentiate -z_y + log(sum_j exp(z_j)) with respect to z_k, then divide by N",
-    )
-
-# %% ../nbs/A7_exercise_checks.ipynb #9ae7c2a8
-import math
-import torch
-from .autograd import Value
-from typing import Callable
-
-# %% ../nbs/A7_exercise_checks.ipynb #7cf78200
-@exercise
-def check_reused_grad(a_grad: float) -> None:
-    "Exercise 1 of 02c: `a_grad` is a.grad after a = Value(3.0); (a * a + a * 2).backward()."
-    expect_number(
-        a_grad,
-        8.0,
-        'a.grad',
-        mistakes=[
-            (5.0, "a * a uses a twice, so a gets a share from each use: 3 + 3, then 2 from a * 2"),
-            (6.0, "that is a * a's share alone (3 + 3): the share of a * 2 adds to it"),
-            (2.0, "that is a * 2's share alone: the shares add up (+=), 3 + 3 + 2"),
-            (15.0, "that is f's value: a.grad is d f / d a"),
-        ],
-        hint="d f / d a = 2a + 2",
-        reveal=False,
-    )
-
-
-@exercise
-def check_value_tanh(value_tanh: Callable[[Value], Value]) -> None:
-    """Exercise 2 of 02c: `value_tanh(v)` is a Value holding tanh(v.data), made from `v`, that
-    passes its gradient back to `v`."""
-    cases = [  # (an expression of v through `tanh`, its name, the upstream gradient, other uses')
-        (lambda v, tanh: tanh(v) * 3.0, 'tanh(v) * 3', 3.0, 0.0),
-        (lambda v, tanh: tanh(v) + v * 2.0, 'tanh(v) + v * 2', 1.0, 2.0),
-        (lambda v, tanh: v * 2.0 + tanh(v), 'v * 2 + tanh(v)', 1.0, 2.0),
-    ]
-    for x in (-1.5, 0.3, 2.0):
-        v, t = Value(x), math.tanh(x)
-        out = value_tanh(v)
-        if not isinstance(out, Value):
-            raise ExerciseError(f"value_tanh(v) should return a Value, got {type(out).__name__}")
-        if not math.isclose(out.data, t, rel_tol=1e-9):
-            raise ExerciseError(f"value_tanh(Value({x})).data is {out.data:.6g}, tanh is {t:.6g}")
-        if not any(child is v for child in out.children):
-            raise ExerciseError(
-                "the Value value_tanh returns does not record v among its children, so "
-                "backward() never reaches v: make it with Value(t, (v,), 'tanh')"
-            )
-        for f, name, up, other in cases:
-            v, tv = Value(x), torch.tensor(x, dtype=torch.float64, requires_grad=True)
-            f(v, value_tanh).backward()
-            f(tv, torch.tanh).backward()
-            expect_number(
-                v.grad,
-                tv.grad.item(),
-                f'v.grad (f = {name}, v = {x})',
-                mistakes=[
-                    (other, "nothing passed through value_tanh: set out._backward"),
-                    ((1 - t) * up + other, "the derivative of tanh is 1 - tanh**2, not 1 - tanh"),
-                    (
-                        (1 - x**2) * up + other,
-                        "1 - tanh(x)**2, not 1 - x**2: use the output t = tanh(x)",
-                    ),
-                    (
-                        (1 - t**2) + other,
-                        "the chain rule multiplies by out.grad, the gradient that reached the "
-                        "output",
-                    ),
-                    (
-                        (1 - t**2) * up,
-                        "`=` where `+=` belongs: v is used twice here, and setting v.grad wipes "
-                        "out the other use's share",
-                    ),
-                ],
-                rel_tol=1e-9,
-            )
-
 # %% ../nbs/A7_exercise_checks.ipynb #28417b31
 import torch
 import torch.nn.functional as F
@@ -1975,141 +2045,71 @@ def check_tta_probs(tta_probs: Callable) -> None:
         hint='the mean of softmax(model(x)) and softmax(model(x.flip(-1)))',
     )
 
-# %% ../nbs/A7_exercise_checks.ipynb #32a3d5f1
-import torch
-from torch import Tensor
-from torch.overrides import TorchFunctionMode
-from typing import Callable
+# %% ../nbs/A7_exercise_checks.ipynb #093d927d
+import math
+from .train import ONE_CYCLE, PARTIAL, partial_folder
+from numbers import Real
+from pathlib import Path
 
-# %% ../nbs/A7_exercise_checks.ipynb #bb994cad
-def _left_aligned(sa: tuple, sb: tuple) -> tuple | None:
-    "Broadcasting `sa` and `sb` lined up from the left (the usual mistake); None if that fails too."
-    n = max(len(sa), len(sb))
-    sa, sb = tuple(sa) + (1,) * (n - len(sa)), tuple(sb) + (1,) * (n - len(sb))
-    if any(x != y and 1 not in (x, y) for x, y in zip(sa, sb)):
-        return None
-    return tuple(max(x, y) for x, y in zip(sa, sb))
+# %% ../nbs/A7_exercise_checks.ipynb #36d8cb3a
+def _lr_pair(got, what: str) -> tuple[float, float]:
+    "`got` as a pair of floats; else an ExerciseError naming `what`."
+    if not (
+        isinstance(got, (tuple, list))
+        and len(got) == 2
+        and all(isinstance(v, Real) and not isinstance(v, bool) for v in got)
+    ):
+        raise ExerciseError(f"{what} should be a tuple of two numbers (first, last), got {got!r}")
+    return float(got[0]), float(got[1])
 
 
 @exercise
-def check_broadcast_shape(broadcast_shape: Callable[[tuple, tuple], tuple]) -> None:
-    """Exercise 1: `broadcast_shape(shape_a, shape_b)` is the broadcast shape, or raises ValueError
-    if there is none."""
-    good = [((3, 3), (3,)), ((5, 1), (5,)), ((8, 1, 6, 1), (7, 1, 5)), ((256, 256, 3), (3,))]
-    good += [((2, 1), (1, 4)), ((4,), ()), ((1,), (2, 3, 1))]
-    for sa, sb in good:
-        what, want = f"broadcast_shape({sa}, {sb})", tuple(torch.broadcast_shapes(sa, sb))
-        try:
-            got = broadcast_shape(sa, sb)
-        except ValueError as e:
-            raise ExerciseError(
-                f"{what} raised ValueError ({e}), but these shapes broadcast to {want}"
-            ) from None
-        try:
-            got = tuple(int(d) for d in got)
-        except (TypeError, ValueError):
-            raise ExerciseError(f"{what} should return a tuple of ints, got {got!r}") from None
+def check_cycle_lrs(cycle_lrs) -> None:
+    """Exercise 1: `cycle_lrs(max_lr)` is `(first, last)`, the lrs at which the trainer's one-cycle
+    starts and ends."""
+    div, final = ONE_CYCLE['div_factor'], ONE_CYCLE['final_div']
+    mistakes = [
+        (
+            lambda lr: (lr / 25, lr / 25e4),
+            "that is fastai's default (div_factor 25); the trainer's is ONE_CYCLE",
+        ),
+        (
+            lambda lr: (lr / div, lr / div / final),
+            "final_div divides the peak lr, not the first one",
+        ),
+        (lambda lr: (lr * div, lr * final), "the schedule starts and ends below its peak: divide"),
+    ]
+    for max_lr in (0.1, 0.03, 2.0):
+        what = f"cycle_lrs({max_lr})"
+        got, want = _lr_pair(cycle_lrs(max_lr), what), (max_lr / div, max_lr / final)
+        if all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, want)):
+            continue
+        for wrong, hint in mistakes:
+            if all(math.isclose(g, w, rel_tol=1e-9) for g, w in zip(got, wrong(max_lr))):
+                raise ExerciseError(f"{what} = {got}: {hint}")
+        raise ExerciseError(
+            f"{what} = {got}, should be ({want[0]:g}, {want[1]:g}). Hint: look at ONE_CYCLE and at "
+            "what "
+            "fit_one_cycle's div_factor and final_div divide"
+        )
+
+
+@exercise
+def check_partial_folder(partial_name) -> None:
+    """Exercise 2: `partial_name(out)` is the Path that the run of run folder `out` is written into
+    until it is finished."""
+    for out in ('runs/mlp', 'runs/mnist.v2', 'a/b/c'):
+        got, want = partial_name(out), partial_folder(out)
+        if not isinstance(got, Path):
+            raise ExerciseError(f"partial_name({out!r}) should be a Path, got {type(got).__name__}")
         if got == want:
             continue
-        if got == _left_aligned(sa, sb):
+        if got == Path(out).with_suffix(PARTIAL):
             raise ExerciseError(
-                f"{what} is {got}, should be {want}: line the shapes up from the right (their last "
-                "dimensions), not from the left"
-            )
-        if len(got) != len(want):
-            raise ExerciseError(
-                f"{what} is {got}, should be {want}: the result has as many dimensions as the "
-                "longer shape"
+                f"partial_name({out!r}) is {str(got)!r}: with_suffix replaces the '.v2' of a name; "
+                "add to the name instead"
             )
         raise ExerciseError(
-            f"{what} is {got}, should be {want}. Hint: a size 1 takes the other size"
+            f"partial_name({out!r}) is {str(got)!r}, should be {str(want)!r}. Hint: PARTIAL after "
+            "the folder's name"
         )
-    for sa, sb in [((2, 3), (4, 3)), ((3,), (4,)), ((5, 2), (5,))]:
-        try:
-            got = broadcast_shape(sa, sb)
-        except ValueError:
-            continue
-        raise ExerciseError(
-            f"broadcast_shape({sa}, {sb}) returned {got!r}, but these shapes do not broadcast: "
-            "two sizes that differ, neither of them 1, are incompatible; raise ValueError"
-        )
-
-
-class _Calls(TorchFunctionMode):
-    "Records the name of every torch function called while it is active."
-
-    def __init__(self):
-        super().__init__()
-        self.names = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.names.append(getattr(func, '__name__', str(func)))
-        return func(*args, **(kwargs or {}))
-
-
-@exercise
-def check_matmul_no_loops(matmul_no_loops: Callable[[Tensor, Tensor], Tensor]) -> None:
-    """Exercise 2: `matmul_no_loops(a, b)` is `a @ b` from one broadcast product and one sum, with
-    no loop and no matmul."""
-    gen = torch.Generator().manual_seed(0)
-    for n, k, m in [(6, 5, 3), (4, 4, 4)]:
-        a, b = torch.randn(n, k, generator=gen), torch.randn(k, m, generator=gen)
-        with _Calls() as calls:
-            got = matmul_no_loops(a.clone(), b.clone())
-        used = {'matmul', '__matmul__', 'mm', 'einsum', 'bmm', 'mv', 'dot', 'tensordot', 'inner'}
-        used &= set(calls.names)
-        if used:
-            raise ExerciseError(
-                f"matmul_no_loops calls {sorted(used)}: build the product from a broadcast "
-                "elementwise product and a sum instead"
-            )
-        if len(calls.names) > 2 * n:
-            raise ExerciseError(
-                f"matmul_no_loops made {len(calls.names)} torch calls for {n} rows: a Python loop? "
-                "Use one broadcast product of shape (n, k, m) and one sum"
-            )
-        what = f"matmul_no_loops(a, b) for a {(n, k)} and b {(k, m)}"
-        if isinstance(got, Tensor) and got.shape == (m, n) != (n, m):
-            raise ExerciseError(
-                f"{what} has shape {(m, n)}: that is (a @ b).T, rows and columns swapped"
-            )
-        # on square matrices a swapped or misplaced index keeps the shape: name it
-        mistakes = []
-        if n == k == m:
-            mistakes = [
-                (b @ a, "that is b @ a: the order matters, rows of a with columns of b"),
-                (a * b, "that is the elementwise product a * b, not the matrix product"),
-                (
-                    a.sum(0)[:, None] * b,
-                    "that sums over a's rows (i): sum over k, the dimension a and b share",
-                ),
-                ((a @ b).T, "that is (a @ b).T: rows and columns swapped"),
-            ]
-        expect_close(
-            got,
-            a @ b,
-            what,
-            eps=1e-4,
-            mistakes=mistakes,
-            hint="a[:, :, None] * b[None] has shape (n, k, m); sum it over k",
-        )
-
-
-@exercise
-def check_row_dots(row_dots: Callable[[Tensor, Tensor], Tensor]) -> None:
-    "Exercise 3: `row_dots(x, y)` is the dot product of each row of `x` with the same row of `y`."
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(5, 3, generator=gen), torch.randn(5, 3, generator=gen)
-    got = row_dots(x.clone(), y.clone())
-    what = 'row_dots(x, y) for x and y of shape (5, 3)'
-    shape_hints = {
-        (): "a single number: 'ij,ij->' sums over i too; keep i in the result ('ij,ij->i')",
-        (3,): "one number per column: that summed over the rows (i); sum over j instead",
-        (5, 5): "every row of x with every row of y, x @ y.T; only the matching rows: 'ij,ij->i'",
-        (5, 3): "the elementwise product, not yet summed along each row",
-    }
-    if isinstance(got, Tensor) and tuple(got.shape) in shape_hints:
-        raise ExerciseError(
-            f"{what} has shape {tuple(got.shape)}, " + shape_hints[tuple(got.shape)]
-        )
-    expect_close(got, (x * y).sum(1), what, hint="torch.einsum('ij,ij->i', x, y)")
