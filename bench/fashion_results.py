@@ -3,7 +3,8 @@
 Runs `python -m exp.train --data fashion --arch resnet ...` once per seed and row, in a fresh
 process each, and prints a Markdown table: the command, the seeds, each seed's test accuracy (the
 last epoch's, on Fashion-MNIST's 10,000 test images; with test-time augmentation where the row asks
-for it), the median, and each run's wall time. The figures in `bench/README.md` come from it.
+for it), the median, and each run's wall time; each run's metrics.csv goes to stderr. The figures
+in `bench/README.md` come from it.
 
     python bench/fashion_results.py --rows 5ep --seeds 0 1 2
     python bench/fashion_results.py --rows 20ep-aug --seeds 0 1 2
@@ -39,6 +40,9 @@ def run(options: list[str], seed: int, out: Path) -> tuple[float, float | None, 
     wall = time.perf_counter() - t0
     if done.returncode:
         sys.exit(f"{' '.join(cmd)} failed:\n{done.stderr}")
+    # each epoch's figures, kept with the table: the folder goes with the temporary one
+    print(f"# seed {seed}: {out / 'metrics.csv'}", file=sys.stderr)
+    print((out / 'metrics.csv').read_text(), file=sys.stderr, end='')
     tta = TTA.search(done.stdout)
     return float(ACCURACY.search(done.stdout)[1]), float(tta[1]) if tta else None, wall
 
