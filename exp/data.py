@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import random
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -26,9 +27,10 @@ def show_images(
     ncols: int = 8,
     figsize: tuple[float, float] | None = None,
     cmap: str = 'gray_r',
+    classes: Sequence[str] | None = None,
 ):
     """A matplotlib grid of the first `n` images in `x` ((N, H*W), (N, H, W) or (N, 1, H, W)),
-    titled by `y`."""
+    titled by `y` (or by the names `classes[y]`)."""
     # here, not at import: loading data should not pay for matplotlib
     import matplotlib.pyplot as plt
 
@@ -54,7 +56,7 @@ def show_images(
             continue
         ax.imshow(x[i].numpy(), cmap=cmap)
         if y is not None:
-            ax.set_title(str(int(y[i])), fontsize=9)
+            ax.set_title(str(int(y[i]) if classes is None else classes[int(y[i])]), fontsize=9)
     fig.tight_layout()
     return fig
 

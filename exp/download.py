@@ -469,6 +469,11 @@ DATASETS = {
         env='EXP_FASHION_MIRROR',
         system_dir='/usr/share/datasets/fashion-mnist',
         system_package='dataset-fashion-mnist',  # Debian's, which installs it in system_dir
+        # what its labels 0-9 stand for: the grid of `python -m exp.data --name fashion` shows them
+        classes=(
+            *('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt'),
+            *('Sneaker', 'Bag', 'Ankle boot'),
+        ),
         sha256={
             'train-images-idx3-ubyte.gz': (
                 '3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84'
@@ -816,7 +821,8 @@ def main(argv: list[str] | None = None, *, show_images: Callable) -> None:
         parser.error(e)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        show_images(x_train, y_train, n=32).savefig(out, dpi=80)
+        classes = DATASETS.get(args.name, {}).get('classes') if args.path is None else None
+        show_images(x_train, y_train, n=32, classes=classes).savefig(out, dpi=80)
     except OSError as e:
         parser.error(f"--out {out}: cannot write it ({e.strerror or e})")
     print(f"samples:    {out}")

@@ -39,6 +39,7 @@ class Recipe:
     threads: int | None  # None: torch's default, a thread per core
 
 
+# each arch's defaults in the trainer: the lesson models' those the trainer always had
 RECIPES = {
     'mlp': Recipe(bs=32, lr=0.03, opt='sgd', wd=0.0, threads=1),
     'cnn': Recipe(bs=32, lr=0.1, opt='sgd', wd=0.0, threads=1),
@@ -46,7 +47,7 @@ RECIPES = {
     # course22p2's ResNet recipe: AdamW (eps 1e-5, torch's weight decay 0.01), one-cycle, bs 256
     'resnet': Recipe(bs=256, lr=0.01, opt='adamw', wd=0.01, threads=None),
 }
-OPTIMIZERS = ('sgd', 'adamw')
+OPTIMIZERS = ('sgd', 'adamw')  # what --opt takes
 # the augmentations, in the order they apply to a batch
 AUGMENTS = ('crop', 'flip', 'erase')
 
@@ -102,6 +103,7 @@ def check_threads(value) -> int | None:
     return value
 
 # %% ../nbs/A13_recipes.ipynb #8b952fc4
+# the function of each augmentation --aug names, applied to a training batch
 TRANSFORMS = {'crop': partial(random_crop, pad=4), 'flip': random_flip, 'erase': random_erase}
 
 

@@ -108,6 +108,15 @@ def test_show_images(shape):
     ft.test_eq(images[0].images[0].get_array().shape, (28, 28))
 
 
+def test_show_images_titles_by_class_name():
+    import matplotlib
+
+    matplotlib.use('Agg')
+    names = ('zero', 'one', 'two')
+    fig = show_images(torch.rand(3, 784), torch.tensor([2, 0, 1]), n=3, classes=names)
+    ft.test_eq([ax.get_title() for ax in fig.axes if ax.images], ['two', 'zero', 'one'])
+
+
 def test_show_images_bad_input():
     with pytest.raises(ValueError, match='square'):
         show_images(torch.rand(4, 783))

@@ -751,12 +751,15 @@ def test_the_command_line_draws_with_the_function_it_is_given(tmp_path, cache, c
         def savefig(self, path, dpi):
             Path(path).write_bytes(b'grid')
 
-    def show(x, y, n):
-        calls.append((tuple(x.shape), tuple(y.shape), n))
+    def show(x, y, n, classes):
+        calls.append((tuple(x.shape), tuple(y.shape), n, classes))
         return Figure()
 
     download.main(['--out', str(tmp_path / 'grid.png')], show_images=show)
-    ft.test_eq(calls, [((4000, 784), (4000,), 32)])
+    # the digits are their own names; Fashion-MNIST's grid is titled by its classes' names
+    ft.test_eq(calls, [((4000, 784), (4000,), 32, None)])
+    ft.test_eq(DATASETS['fashion']['classes'][0], 'T-shirt/top')
+    ft.test_eq(DATASETS['fashion']['classes'][9], 'Ankle boot')
     ft.test_eq((tmp_path / 'grid.png').read_bytes(), b'grid')
     assert 'train:      (4000, 784)' in capsys.readouterr().out
     with pytest.raises(TypeError, match='show_images must be a function that draws the grid'):
