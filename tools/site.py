@@ -194,8 +194,9 @@ def constant_doc(module, name: str, seen: frozenset = frozenset()) -> str:
         if re.match(rf'{re.escape(name)}\s*(:[^=]*)?=', line):
             text = _comment(lines, i)
             return text[0].upper() + text[1:] + ('' if text.endswith('.') else '.') if text else ''
-    # nbdev makes a one-line import relative; one over several lines keeps `exp.` in front
-    imports = re.findall(r'^from (?:\.|exp\.)(\w+) import (?:\(([^)]*)\)|(.*)$)', source, re.M)
+    # nbdev makes a one-line import relative; one over several lines, or indented (in a try), keeps
+    # `exp.` in front
+    imports = re.findall(r'^\s*from (?:\.|exp\.)(\w+) import (?:\(([^)]*)\)|(.*)$)', source, re.M)
     for sibling, *names in imports:
         target = f'{module.__package__}.{sibling}'
         if name in re.findall(r'\w+', ' '.join(names)) and target not in seen:
