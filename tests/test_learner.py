@@ -511,8 +511,14 @@ def test_show_events_of_a_typical_learner(tmp_path, capsys):
             'after_backward': ['MixedPrecision'],
             'after_step': ['MixedPrecision'],
             'after_batch': ['TrainEvalCallback', 'ProgressCallback'],
-            'begin_validate': ['TrainEvalCallback', 'ProgressCallback', 'TerminateOnNaNCallback'],
+            'begin_validate': [
+                'TrainEvalCallback',
+                'Recorder',
+                'ProgressCallback',
+                'TerminateOnNaNCallback',
+            ],
             'after_epoch': [
+                'Recorder',  # the epoch's validation loss
                 'TerminateOnNaNCallback',
                 'AvgStatsCallback',
                 'SaveModelCallback',
