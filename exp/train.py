@@ -339,12 +339,13 @@ def resumed_config(folder: Path, given: dict) -> TrainConfig:
     run = read_run_config(folder)
     if given.get('lr_find'):  # raises, saying why
         check_config(replace(run, lr=None, lr_find=True, resume=str(folder)))
-    changed = {k: v for k, v in given.items() if k in (*RUN_OPTIONS, 'dist_timeout')}
+    # a timeout, the thread count and test-time augmentation are not the run's: they may change
+    free = ('dist_timeout', 'threads', 'tta')
+    changed = {k: v for k, v in given.items() if k in (*RUN_OPTIONS, *free)}
     asked = check_config(replace(run, **changed))
     check_unchanged(folder, run, asked, given, RUN_OPTIONS, _comparable)
-    # a timeout is not the run's
     out = str(out_of(folder))
-    return replace(run, out=out, resume=str(folder), dist_timeout=asked.dist_timeout)
+    return replace(run, out=out, resume=str(folder), **{k: getattr(asked, k) for k in free})
 
 # %% ../nbs/A3b_train.ipynb #6986c4be
 class Trainer:

@@ -218,8 +218,12 @@ def test_a_resnet_run_with_augmentation_resumes_exactly(tmp_path, capsys):
     )
     with pytest.raises(ValueError, match=r"--aug none \(the run's: --aug crop,flip\)"):
         Trainer(resume=stopped.kept, aug='none')
+    # the thread count and test-time augmentation are not the run's: a resume may change them
+    other = Trainer(resume=stopped.kept, threads=2, tta=False)
+    ft.test_eq((other.cfg.threads, other.cfg.tta, other.cfg.aug), (2, False, 'crop,flip'))
     resumed = Trainer(resume=stopped.kept)
     ft.test_eq((resumed.start_epoch, resumed.cfg.aug, resumed.cfg.mixup), (1, 'crop,flip', 0.4))
+    ft.test_eq((resumed.cfg.threads, resumed.cfg.tta), (1, True))
     resumed.fit()
     a = torch.load(tmp_path / 'straight' / CHECKPOINT, weights_only=True)['model']
     b = torch.load(tmp_path / 'resumed' / CHECKPOINT, weights_only=True)['model']
