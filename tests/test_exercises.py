@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import exp.backprop
@@ -33,6 +34,7 @@ from exp.exercises import check_conv_out_size, check_conv_params
 from exp.exercises import check_averaged_grad, check_rank_share
 from exp.exercises import check_lr_at, check_stopping_epoch
 from exp.exercises import check_fan_in, check_he_std, check_zero_fraction
+from exp.exercises import check_mixup_batch, check_smooth_targets, check_tta_probs
 from exp.exercises import check_eta, check_redrawn_line
 from exp.exercises import check_epoch_loss, check_n_batches
 from exp.exercises import check_adam_first_step, check_ewma_after_three, check_rmsprop_step
@@ -325,6 +327,25 @@ def logsumexp_rows(x):
 
 def nll_by_hand(log_probs, target):
     return -log_probs[torch.arange(len(target)), target].mean()
+
+
+# lesson 14's reference solutions
+def smooth_targets(y, c, eps):
+    return F.one_hot(y, c).float() * (1 - eps) + eps / c
+
+
+def mixup_batch(x, perm, lam):
+    lam = torch.max(lam, 1 - lam).view(-1, 1, 1, 1)
+    return lam * x + (1 - lam) * x[perm]
+
+
+def tta_probs(model, x):
+    return (F.softmax(model(x), -1) + F.softmax(model(x.flip(-1)), -1)) / 2
+
+
+def _raw_mix(x, perm, lam):
+    lam = lam.view(-1, 1, 1, 1)
+    return lam * x + (1 - lam) * x[perm]
 
 
 CHECKS = [
@@ -901,6 +922,53 @@ CHECKS = [
             ),
             (lambda grads, sizes: grads[0], 'is wrong: its element'),
             (lambda grads, sizes: sum(grads).sum(), 'should have shape'),
+        ],
+    ),
+    # lesson 14
+    (
+        check_smooth_targets,
+        smooth_targets,
+        [
+            (
+                lambda y, c, eps: (
+                    F.one_hot(y, c) * (1 - eps) + (1 - F.one_hot(y, c)) * eps / (c - 1)
+                ),
+                'over the other c - 1 classes',
+            ),
+            (
+                lambda y, c, eps: F.one_hot(y, c) * (1 - eps) + (1 - F.one_hot(y, c)) * eps / c,
+                "the label's class gets its share",
+            ),
+            (lambda y, c, eps: F.one_hot(y, c) * (1 - eps), 'each row must sum to 1'),
+            (lambda y, c, eps: F.one_hot(y, c).float(), 'is wrong: its element'),
+            (lambda y, c, eps: y, 'should have shape'),
+        ],
+    ),
+    (
+        check_mixup_batch,
+        mixup_batch,
+        [
+            (_raw_mix, 'take max\\(lam, 1 - lam\\) first'),
+            (lambda x, perm, lam: mixup_batch(x[perm], perm.argsort(), lam), 'goes to x itself'),
+            (lambda x, perm, lam: mixup_batch(x, perm.argsort(), lam), 'not with the image'),
+            (lambda x, perm, lam: x, 'is wrong: its element'),
+        ],
+    ),
+    (
+        check_tta_probs,
+        tta_probs,
+        [
+            (
+                lambda model, x: F.softmax((model(x) + model(x.flip(-1))) / 2, -1),
+                'averages the logits',
+            ),
+            (lambda model, x: (model(x) + model(x.flip(-1))) / 2, 'those are logits'),
+            (
+                lambda model, x: (F.softmax(model(x), -1) + F.softmax(model(x.flip(-2)), -1)) / 2,
+                'mirrors top to bottom',
+            ),
+            (lambda model, x: F.softmax(model(x), -1), 'prediction on x alone'),
+            (lambda model, x: [0.5], 'should be a tensor'),
         ],
     ),
 ]
