@@ -15,6 +15,12 @@ process; each line gives the median over the rounds of the ratio ours / hand and
 (min-max). The clock is the process's CPU time (all threads), which another process on the machine
 disturbs less than the wall clock.
 
+Where fastai is installed (the `[peers]` extra), its Learner trains the same model (`resnet()`,
+seeded alike) on the same tensors, as its documentation has it (its DataLoaders over the
+datasets, its Adam with decoupled weight decay `wd`, `fit(1, lr)`, no bar, no logging), timed in
+the same rounds: `fastai_ratio` is its time over the hand loop's. Its batches are its own shuffle,
+so its run is not checked against ours bit for bit.
+
 With --channels-last both contenders run again with the model and every batch in channels_last
 memory format (ours through a batch transform), against the same hand loop in channels_last:
 `channels_last_ratio` is ours / hand there, `channels_last_speedup` the hand loop's time in the
@@ -36,8 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from common import fashion_or_random, report
-import exp.learner  # noqa: F401  (adds fit to Learner)
-from exp.callbacks import DataBunch, Learner
+from exp.callbacks import DataBunch
+from exp.learner import Learner  # with notebook 10's fit
 from exp.cnn import BatchTransformXCallback
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler
@@ -146,6 +152,38 @@ class Bench:
         return model, [float(s) / m for s, m in zip(sums, (n, n, nv, nv))]
 
 
+def fastai_contender(bench: Bench):
+    "A run of fastai's Learner on the bench's model and data, or why it cannot run here (a str)."
+    try:
+        from fastai.basics import DataLoaders, accuracy as fastai_accuracy
+        from fastai.basics import Learner as FastaiLearner
+        from fastai.callback.progress import ProgressCallback  # noqa: F401  (Learner.no_bar)
+        from fastai.optimizer import Adam
+    except Exception as e:  # not installed, or an install that does not import
+        return f'not run: {type(e).__name__}: {e}'
+
+    def run():
+        torch.manual_seed(0)
+        dls = DataLoaders.from_dsets(bench.train_ds, bench.valid_ds, bs=bench.bs, device='cpu')
+        learn = FastaiLearner(
+            dls,
+            bench.model(False),
+            loss_func=F.cross_entropy,
+            opt_func=Adam,
+            wd=WD,
+            metrics=fastai_accuracy,
+        )
+        with learn.no_bar(), learn.no_logging():
+            learn.fit(1, LR)
+        return learn.recorder.values
+
+    try:
+        run()  # one run: a peer that imports but fails to train is reported, not timed
+    except Exception as e:
+        return f'not run: {type(e).__name__}: {e}'
+    return run
+
+
 def _channels_last(x: torch.Tensor) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last)
 
@@ -199,6 +237,11 @@ def main(argv=None) -> None:
     if args.channels_last:
         check_same(bench.ours(True), bench.by_hand(True), 'in channels_last')
         fns += [lambda: bench.ours(True), lambda: bench.by_hand(True)]
+    fastai = fastai_contender(bench)
+    if callable(fastai):
+        fns.append(fastai)
+    else:
+        report('fastai', fastai)
     times = timed_rounds(fns, args.rounds)
     ours, hand = times[0], times[1]
     report('ours_s', statistics.median(ours), '.2f')
@@ -217,6 +260,9 @@ def main(argv=None) -> None:
             statistics.median(h / c for h, c in zip(hand, hand_cl)),
             '.3f',
         )
+    if callable(fastai):
+        report('fastai_s', statistics.median(times[-1]), '.2f')
+        ratio_line('fastai_ratio', times[-1], hand)
 
 
 if __name__ == '__main__':

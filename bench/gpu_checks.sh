@@ -4,8 +4,8 @@
 # the CUDA unit tests, notebooks 08, 08a, 08b, 09 and 12 with their `#| cuda` cells, the trainer with
 # --fp16 auto, alone and under torchrun (NCCL), and, where the host has 8 cores or more, the training loop's CPU
 # overhead (bench_overhead.py --fused, three processes each pinned to a core of its own: the host's CPU is another
-# than CI's); last, alone, the ResNet recipe on Fashion-MNIST in fp32, fp16 and bf16. Writes logs to $OUT (default
-# runs/gpu); exits 1 if any part failed.
+# than CI's); last, alone, the ResNet recipe on Fashion-MNIST in fp32, fp16, bf16 and with torch.amp. Writes logs to
+# $OUT (default runs/gpu); exits 1 if any part failed.
 # A machine without this project's dependencies can get them as wheels in .whl/ (see README).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -58,7 +58,8 @@ for p in "${pids[@]}"; do wait "$p" || status=1; done
 for f in "${logs[@]}"; do echo "== $f"; tail -n 25 "$out/$f.txt"; done
 
 # last, alone on the GPU so that its times mean something: lesson 13's ResNet with the trainer's recipe, 5 epochs on
-# Fashion-MNIST, in fp32, with our mixed precision (fp16, dynamic loss scaling) and in bf16: time and test accuracy.
+# Fashion-MNIST, in fp32, with our mixed precision (fp16, dynamic loss scaling), in bf16, and with torch.amp (autocast
+# to fp16 and a GradScaler, bench/amp_resnet.py): time and test accuracy.
 # The machine may have no network: $FASHION names a folder holding Fashion-MNIST's four IDX files (else the
 # trainer downloads them).
 resnet_checks() {
@@ -68,6 +69,8 @@ resnet_checks() {
     { time python3 -m exp.train --data "$data" --arch resnet --epochs 5 --fp16 "$fp16" \
       --out "$out/resnet-$fp16" | tail -n 2; } || s=1
   done
+  echo "# python bench/amp_resnet.py --data $data --arch resnet --epochs 5"
+  { time python3 bench/amp_resnet.py --data "$data" --arch resnet --epochs 5 | tail -n 2; } || s=1
   rm -rf "$out"/resnet-*
   return $s
 }

@@ -393,3 +393,38 @@ def test_overhead_counts_by_function(tmp_path):
     out.write_text('fn=f\n1 5\n')
     with pytest.raises(ValueError, match='not a cachegrind output file'):
         overhead_counts.functions(out)
+
+
+def test_amp_resnet_steps_through_the_grad_scaler():
+    """bench/amp_resnet.py's TorchAmp on the CPU (bfloat16 autocast, a GradScaler): the forward pass
+    runs in bfloat16, the table and the Recorder keep the unscaled loss, the scaler steps the
+    optimizer (the weights change, no step skipped) and the runner's own step is not taken too."""
+    import amp_resnet
+    from exp.callbacks import DataBunch
+    from exp.learner import Learner
+    from exp.minibatch import Dataset, get_dls
+    from exp.optimizers import AdamW
+
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 1, 8, 8), torch.randint(0, 3, (64,))
+    data = DataBunch(*get_dls(Dataset(x, y), Dataset(x[:32], y[:32]), 16), c=3)
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(3)
+    )
+    model(x[:1])
+    seen = []
+    model.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    learn = Learner(data, model, lr=1e-3, opt_func=AdamW, metrics=[])
+    learn.display = 'off'
+    before = [p.detach().clone() for p in model.parameters()]
+    steps = []
+    amp = amp_resnet.TorchAmp(torch.device('cpu'))
+    step = learn.opt.step
+    learn.opt.step = lambda *a, **k: (steps.append(1), step(*a, **k))[1]
+    learn.fit(1, cbs=[amp])
+    assert set(seen) == {torch.bfloat16}
+    assert len(steps) == len(data.train_dl)  # one step a batch: the scaler's, not a second one
+    assert amp.scaler.get_scale() == 65536.0  # nothing overflowed, nothing skipped
+    assert all(not torch.equal(p, q) for p, q in zip(model.parameters(), before))
+    losses = [float(v) for v in learn.recorder.losses]
+    assert max(losses) < 10, losses  # unscaled: a scaled loss would be about 65536 times larger
