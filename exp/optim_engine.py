@@ -5,8 +5,6 @@
 # %% ../nbs/A9_optimizers.ipynb #73834729
 from __future__ import annotations
 
-import math
-from numbers import Real
 from typing import Callable, Iterable
 
 import torch

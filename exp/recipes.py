@@ -9,7 +9,6 @@ import math
 import os
 from dataclasses import dataclass
 from functools import partial
-from numbers import Real
 from typing import Callable
 
 import torch
