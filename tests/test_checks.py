@@ -199,7 +199,7 @@ def test_check_path(tmp_path):
     got = check_path('out', tmp_path / 'a')
     assert type(got) is str and got == str(tmp_path / 'a')
     assert check_path('out', None, optional=True) is None
-    for bad in ('', None, 3, b'runs'):
+    for bad in ('', None, 3, b'runs', True):
         with pytest.raises(
             ValueError,
             match=f'^{re.escape(f"out must be a path, got {bad!r}")}$',
