@@ -5,15 +5,14 @@
 # %% ../nbs/A11b_hooks.ipynb #24677387
 from __future__ import annotations
 
-import math
 from functools import partial
-from numbers import Integral, Real
 from typing import Any, Callable, Iterable
 
 import torch
 from torch import Tensor, nn
 
 from .callbacks import Callback
+from .checks import check_int, check_positive
 
 # matplotlib's Figure, named for the type hints only: matplotlib is imported when a plot is drawn
 # (as in exp.anneal)
@@ -143,10 +142,8 @@ class ActivationStats(Callback):
         max_abs: float = 10.0,
     ):
         _check_modules(modules)
-        if isinstance(bins, bool) or not isinstance(bins, Integral) or bins < 1:
-            raise ValueError(f"bins must be a positive int, got {bins!r}")
-        if isinstance(max_abs, bool) or not isinstance(max_abs, Real) or not 0 < max_abs < math.inf:
-            raise ValueError(f"max_abs must be a finite number > 0, got {max_abs!r}")
+        check_int('bins', bins, 1, rule='a positive int')
+        check_positive('max_abs', max_abs)
         self.modules, self.bins, self.max_abs = modules, int(bins), float(max_abs)
         self.hooks, self.names = None, []
 

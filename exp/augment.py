@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import inspect
-from numbers import Real
 from typing import Callable, Sequence
 
 import torch
@@ -16,6 +15,7 @@ from torch.distributions.beta import Beta
 
 from .callbacks import AvgStatsCallback, Callback, DataBunch, Learner, Runner
 from .checkpoint import SaveModelCallback
+from .checks import check_choice, check_fraction, check_int, check_positive
 from .cnn import BatchTransformXCallback, DeviceCallback
 from .loss import log_softmax
 
@@ -47,8 +47,7 @@ def random_crop(x: Tensor, pad: int = 4, fill: float = 0.0, generator=None) -> T
     """Each image of `x` padded with `pad` pixels of `fill`, then cropped back to its size at a
     random place of its own."""
     _check_images(x)
-    if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
-        raise ValueError(f"pad must be an int >= 0, got {pad!r}")
+    check_int('pad', pad, 0)
     n, _, h, w = x.shape
     padded = F.pad(x, (pad, pad, pad, pad), value=fill)
     top, left = _randint(2 * pad + 1, n, x, generator), _randint(2 * pad + 1, n, x, generator)
@@ -69,8 +68,7 @@ def flip_lr(x: Tensor) -> Tensor:
 def random_flip(x: Tensor, p: float = 0.5, generator=None) -> Tensor:
     "Each image of `x` mirrored left to right with probability `p`, the others as they are."
     _check_images(x)
-    if isinstance(p, bool) or not isinstance(p, Real) or not 0 <= p <= 1:
-        raise ValueError(f"p must be a number in [0, 1], got {p!r}")
+    check_fraction('p', p)
     device = generator.device if generator is not None else x.device
     flip = torch.rand(len(x), generator=generator, device=device).to(x.device) < p
     return torch.where(flip[:, None, None, None], x.flip(-1), x)
@@ -80,10 +78,8 @@ def random_erase(x: Tensor, pct: float = 0.2, max_num: int = 4, generator=None) 
     """Each image of `x` with 0 to `max_num` rectangles (sides `pct` of the image's) replaced by
     noise of the batch's mean and std, within its range."""
     _check_images(x)
-    if isinstance(pct, bool) or not isinstance(pct, Real) or not 0 < pct <= 1:
-        raise ValueError(f"pct must be a number in (0, 1], got {pct!r}")
-    if isinstance(max_num, bool) or not isinstance(max_num, int) or max_num < 0:
-        raise ValueError(f"max_num must be an int >= 0, got {max_num!r}")
+    check_fraction('pct', pct, open_min=True)
+    check_int('max_num', max_num, 0)
     n, _, h, w = x.shape
     eh, ew = max(1, int(pct * h)), max(1, int(pct * w))
     mean, std, lo, hi = x.mean(), x.std(), x.min(), x.max()
@@ -187,8 +183,7 @@ def lin_comb(v1: Tensor, v2: Tensor, beta: float | Tensor) -> Tensor:
 
 def reduce_loss(loss: Tensor, reduction: str = 'mean') -> Tensor:
     "A loss per item reduced as `reduction` says: 'mean', 'sum' or 'none'."
-    if reduction not in ('mean', 'sum', 'none'):
-        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    check_choice('reduction', reduction, ('mean', 'sum', 'none'))
     return loss.mean() if reduction == 'mean' else loss.sum() if reduction == 'sum' else loss
 
 
@@ -229,8 +224,7 @@ class MixUp(Callback):
     run_after = (DeviceCallback, BatchTransformXCallback, BatchTransform)  # mix what the model sees
 
     def __init__(self, alpha: float = 0.4):
-        if isinstance(alpha, bool) or not isinstance(alpha, Real) or not alpha > 0:
-            raise ValueError(f"alpha must be a number > 0, got {alpha!r}")
+        check_positive('alpha', alpha, finite=False)
         self.alpha = float(alpha)
         self.distrib = Beta(torch.tensor(self.alpha), torch.tensor(self.alpha))
         self.lam = self.perm = self.yb1 = self.old_loss_func = None
@@ -272,8 +266,7 @@ class LabelSmoothingCrossEntropy(nn.Module):
 
     def __init__(self, eps: float = 0.1, reduction: str = 'mean'):
         super().__init__()
-        if isinstance(eps, bool) or not isinstance(eps, Real) or not 0 <= eps <= 1:
-            raise ValueError(f"eps must be a number in [0, 1], got {eps!r}")
+        check_fraction('eps', eps)
         reduce_loss(torch.zeros(1), reduction)  # refuses a reduction it does not know
         self.eps, self.reduction = float(eps), reduction
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .checks import check_bool, check_int
 from .exercises import ExerciseError, exercise, expect_close
 
 # %% auto #0
@@ -54,27 +55,16 @@ class ReluFunction(torch.autograd.Function):
         return (out > 0) * out_g
 
 # %% ../nbs/02b_backprop.ipynb #7eab52a0
-def _check_size(name: str, value) -> int:
-    "`value` if it is an int >= 1; else raise TypeError/ValueError naming `name`."
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
-
-
 class Linear(nn.Module):
     """A drop-in for nn.Linear (same parameters, init and state_dict) whose gradients come from
     LinearFunction."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True):
         super().__init__()
-        self.in_features, self.out_features = (
-            _check_size('in_features', in_features),
-            _check_size('out_features', out_features),
-        )
-        if not isinstance(bias, bool):
-            raise TypeError(f"bias must be True or False, got {bias!r}")
+        # a TypeError for a size that is no int, a ValueError for one below 1 (A14_checks)
+        self.in_features = check_int('in_features', in_features, 1, wrong_type=TypeError)
+        self.out_features = check_int('out_features', out_features, 1, wrong_type=TypeError)
+        check_bool('bias', bias, wrong_type=TypeError)
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
         self.reset_parameters()

@@ -30,6 +30,7 @@ from exp.callbacks import (
     check_callback_states,
     load_callback_states,
 )
+from .checks import check_choice
 from .data import atomic_write
 from .early_stopping import EarlyStopping, LRFinder, TrackerCallback, load_opt_state, opt_state
 from .fp16 import MixedPrecision
@@ -469,8 +470,7 @@ class SaveModelCallback(TrackerCallback):
         mode: str = 'auto',
         min_delta: float = 0.0,
     ):
-        if every not in ('epoch', 'improvement'):
-            raise ValueError(f"every must be 'epoch' or 'improvement', got {every!r}")
+        check_choice('every', every, ('epoch', 'improvement'))
         super().__init__(monitor, min_delta, mode)
         self.path, self.every, self.last_saved, self.saved_epoch = Path(path), every, None, None
 

@@ -5,9 +5,6 @@
 # %% ../nbs/A11_devices.ipynb #3a078e3a
 from __future__ import annotations
 
-import math
-from numbers import Real
-
 import torch
 from torch import Tensor, nn
 
@@ -21,6 +18,7 @@ from exp.callbacks import (
     Learner,
     NonFiniteError,
 )
+from .checks import check_bool, check_choice, check_int, check_positive
 from .cnn import DeviceCallback
 from .early_stopping import LRFinder, opt_state
 
@@ -170,12 +168,7 @@ _FP16_TINY = 2.0**-24  # float16's smallest positive number (a subnormal)
 def _check_scale(name: str, value) -> None:
     """Raise unless `value` is a finite number that float16 can hold above 0 (else every scaled
     gradient would be 0)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, Real)
-        or not (math.isfinite(value) and value > 0)
-    ):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    check_positive(name, value)
     if value < _FP16_TINY:
         raise ValueError(
             f"{name}={value:g} is too small for float16, whose smallest positive number is 2**-24 "
@@ -204,21 +197,17 @@ class MixedPrecision(Callback):
         dtype: torch.dtype = torch.float16,
         min_scale: float = 1.0,
     ):
-        if dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"dtype must be torch.float16 or torch.bfloat16, got {dtype}")
-        if not isinstance(max_noskip, int) or max_noskip < 1:
-            raise ValueError(f"max_noskip must be an int >= 1, got {max_noskip!r}")
-        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, Real)):
-            raise TypeError(f"clip must be a number > 0 or None, got {clip!r}")
-        if clip is not None and not 0 < clip < math.inf:
-            raise ValueError(f"clip must be > 0 or None, got {clip}")
+        check_choice('dtype', dtype, (torch.float16, torch.bfloat16))
+        max_noskip = check_int('max_noskip', max_noskip, 1)
+        if clip is not None:  # a TypeError for a clip that is no number, as for a flag
+            rule = dict(kind='number > 0 or None', rule='> 0 or None', wrong_type=TypeError)
+            check_positive('clip', clip, **rule)
         for name, flag in (
             ('loss_fp32', loss_fp32),
             ('dynamic', dynamic),
             ('flat_master', flat_master),
         ):
-            if not isinstance(flag, bool):
-                raise TypeError(f"{name} must be True or False, got {flag!r}")
+            check_bool(name, flag, wrong_type=TypeError)
         # bf16 has fp32's range: nothing to scale
         if dtype == torch.bfloat16:
             loss_scale, dynamic, min_scale = 1.0, False, 1.0

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import math
-from numbers import Integral, Real
+from numbers import Integral
 from typing import Sequence
 
 import torch
@@ -14,26 +14,13 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from .checks import check_fraction, check_int, check_positive
 from .kernels import kernel_batch_norm, kernel_fits
 
 # %% auto #0
 __all__ = ['BatchNorm1d', 'BatchNorm2d', 'LayerNorm', 'GroupNorm', 'RunningBatchNorm']
 
 # %% ../nbs/A12_norms.ipynb #2f6e9865
-def _check_positive_int(name: str, value) -> int:
-    "`value` as an int if it is a positive one (not a bool); else a ValueError naming `name`."
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(value)
-
-
-def _check_eps(eps) -> float:
-    "`eps` as a float if it is a number > 0; else a ValueError."
-    if isinstance(eps, bool) or not isinstance(eps, Real) or not eps > 0:
-        raise ValueError(f"eps must be a number > 0, got {eps!r}")
-    return float(eps)
-
-
 def _compute_dtype(x: Tensor) -> torch.dtype:
     """fp32 for half-precision inputs (the statistics need it), else the input's own floating dtype;
     a TypeError for others."""
@@ -122,14 +109,13 @@ class _BatchNormBase(_BatchNorm):
         device=None,
         dtype=None,
     ):
-        num_features, eps = _check_positive_int('num_features', num_features), _check_eps(eps)
-        if momentum is not None and (
-            isinstance(momentum, bool) or not isinstance(momentum, Real) or not 0 <= momentum <= 1
-        ):
-            raise ValueError(
-                "momentum must be a number in [0, 1], or None for a cumulative average; got "
-                f"{momentum!r}"
-            )
+        num_features, eps = (
+            check_int('num_features', num_features, 1, rule='a positive int'),
+            check_positive('eps', eps, finite=False),
+        )
+        if momentum is not None:
+            rule = 'a number in [0, 1], or None for a cumulative average'
+            check_fraction('momentum', momentum, rule=rule)
         super().__init__(num_features, eps, momentum, affine, track_running_stats, device, dtype)
 
     def _check_input_dim(self, x: Tensor) -> None:
@@ -250,7 +236,7 @@ class LayerNorm(nn.Module):
             )
         self.normalized_shape, self.eps, self.elementwise_affine = (
             tuple(int(s) for s in shape),
-            _check_eps(eps),
+            check_positive('eps', eps, finite=False),
             elementwise_affine,
         )
         factory = dict(device=device, dtype=dtype)
@@ -306,8 +292,8 @@ class GroupNorm(nn.Module):
     ):
         super().__init__()
         num_groups, num_channels = (
-            _check_positive_int('num_groups', num_groups),
-            _check_positive_int('num_channels', num_channels),
+            check_int('num_groups', num_groups, 1, rule='a positive int'),
+            check_int('num_channels', num_channels, 1, rule='a positive int'),
         )
         if num_channels % num_groups:
             raise ValueError(
@@ -316,7 +302,7 @@ class GroupNorm(nn.Module):
         self.num_groups, self.num_channels, self.eps, self.affine = (
             num_groups,
             num_channels,
-            _check_eps(eps),
+            check_positive('eps', eps, finite=False),
             affine,
         )
         factory = dict(device=device, dtype=dtype)
@@ -361,12 +347,11 @@ class RunningBatchNorm(nn.Module):
 
     def __init__(self, num_features: int, momentum: float = 0.1, eps: float = 1e-5):
         super().__init__()
-        if isinstance(momentum, bool) or not isinstance(momentum, Real) or not 0 < momentum <= 1:
-            raise ValueError(f"momentum must be a number in (0, 1], got {momentum!r}")
+        check_fraction('momentum', momentum, open_min=True)
         self.num_features, self.momentum, self.eps = (
-            _check_positive_int('num_features', num_features),
+            check_int('num_features', num_features, 1, rule='a positive int'),
             float(momentum),
-            _check_eps(eps),
+            check_positive('eps', eps, finite=False),
         )
         self.weight, self.bias = (
             nn.Parameter(torch.ones(self.num_features)),

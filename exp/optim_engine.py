@@ -5,47 +5,31 @@
 # %% ../nbs/A9_optimizers.ipynb #73834729
 from __future__ import annotations
 
-import math
-from numbers import Real
 from typing import Callable, Iterable
 
 import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from .checks import check_bool, check_fraction, check_non_negative
+
 # %% auto #0
 __all__ = ['SGD', 'Adam', 'AdamW']
 
 # %% ../nbs/A9_optimizers.ipynb #3e978b07
-def _check(name: str, value, ok: Callable[[float], bool], rule: str, where: str) -> None:
-    """Raise TypeError unless `value` is a real number, ValueError unless `ok(value)`; both name
-    `name`."""
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{where}{name} must be a real number, got {value!r}")
-    if not ok(value):
-        raise ValueError(f"{where}{name} must be {rule}, got {value!r}")
-
-
-def _check_non_negative(name: str, value, where: str) -> None:
-    "Raise naming `name` unless `value` is a finite real number >= 0."
-    _check(name, value, lambda v: 0 <= v < math.inf, '>= 0 and finite', where)
-
-
-def _check_below_one(name: str, value, where: str) -> None:
-    "Raise naming `name` unless `value` is a real number in [0, 1)."
-    _check(name, value, lambda v: 0 <= v < 1, 'in [0, 1)', where)
+# as torch's optimizers: a TypeError for a hyperparameter that is no real number, a ValueError for
+# one out of range (exp.checks, A14)
+_REAL = dict(kind='real number', wrong_type=TypeError)
 
 
 def _check_sgd(hypers: dict, where: str = '') -> None:
     """Raise TypeError/ValueError naming the first of SGD's hyperparameters in `hypers` that is out
     of range."""
-    _check_non_negative('lr', hypers['lr'], where)
-    _check_below_one('momentum', hypers['momentum'], where)
-    _check('dampening', hypers['dampening'], lambda v: 0 <= v <= 1, 'in [0, 1]', where)
-    _check_non_negative('weight_decay', hypers['weight_decay'], where)
-    nesterov = hypers['nesterov']
-    if not isinstance(nesterov, bool):
-        raise TypeError(f"{where}nesterov must be True or False, got {nesterov!r}")
+    check_non_negative(f'{where}lr', hypers['lr'], **_REAL)
+    check_fraction(f'{where}momentum', hypers['momentum'], open_max=True, **_REAL)
+    check_fraction(f'{where}dampening', hypers['dampening'], **_REAL)
+    check_non_negative(f'{where}weight_decay', hypers['weight_decay'], **_REAL)
+    nesterov = check_bool(f'{where}nesterov', hypers['nesterov'], wrong_type=TypeError)
     if nesterov and (hypers['momentum'] == 0 or hypers['dampening'] != 0):
         raise ValueError(
             f"{where}nesterov=True needs momentum > 0 and dampening = 0, "
@@ -56,14 +40,14 @@ def _check_sgd(hypers: dict, where: str = '') -> None:
 def _check_adam(hypers: dict, where: str = '') -> None:
     """Raise TypeError/ValueError naming the first of Adam's hyperparameters in `hypers` that is out
     of range."""
-    _check_non_negative('lr', hypers['lr'], where)
+    check_non_negative(f'{where}lr', hypers['lr'], **_REAL)
     betas = hypers['betas']
     if not isinstance(betas, (tuple, list)) or len(betas) != 2:
         raise TypeError(f"{where}betas must be a pair (beta1, beta2), got {betas!r}")
     for i, beta in enumerate(betas):
-        _check_below_one(f'betas[{i}]', beta, where)
-    _check_non_negative('eps', hypers['eps'], where)
-    _check_non_negative('weight_decay', hypers['weight_decay'], where)
+        check_fraction(f'{where}betas[{i}]', beta, open_max=True, **_REAL)
+    check_non_negative(f'{where}eps', hypers['eps'], **_REAL)
+    check_non_negative(f'{where}weight_decay', hypers['weight_decay'], **_REAL)
 
 # %% ../nbs/A9_optimizers.ipynb #625ec43d
 class _Optimizer(Optimizer):

@@ -9,7 +9,6 @@ import math
 import os
 from dataclasses import dataclass
 from functools import partial
-from numbers import Real
 from typing import Callable
 
 import torch
@@ -19,6 +18,7 @@ from torch import Tensor, nn
 from .augment import BatchTransform, LabelSmoothingCrossEntropy, MixUp, get_tta
 from .augment import random_crop, random_erase, random_flip
 from .callbacks import Callback, DataBunch, Learner
+from .checks import check_choice, check_fraction, check_int, check_number
 from .optimizers import SGD, AdamW
 from .resnet import resnet
 
@@ -52,23 +52,14 @@ OPTIMIZERS = ('sgd', 'adamw')  # what --opt takes
 AUGMENTS = ('crop', 'flip', 'erase')
 
 # %% ../nbs/A13_recipes.ipynb #2f0a7785
-def _fraction(flag: str, value, upper: float) -> float:
-    "`value` as a float in [0, upper); else raise naming `flag`."
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0 <= value < upper:
-        raise ValueError(f"{flag} must be a number from 0 to below {upper:g}, got {value!r}")
-    return float(value)
-
-
 def check_opt(value) -> str:
     "`--opt`: one of OPTIMIZERS."
-    if value not in OPTIMIZERS:
-        raise ValueError(f"--opt must be one of {', '.join(OPTIMIZERS)}; got {value!r}")
-    return value
+    return check_choice('--opt', value, OPTIMIZERS, rule=f"one of {', '.join(OPTIMIZERS)}")
 
 
 def check_wd(value) -> float:
     "`--wd`: a weight decay from 0 to below 1."
-    return _fraction('--wd', value, 1.0)
+    return check_fraction('--wd', value, open_max=True, rule='a number from 0 to below 1')
 
 
 def check_aug(value) -> str:
@@ -84,23 +75,20 @@ def check_aug(value) -> str:
 
 def check_mixup(value) -> float:
     "`--mixup`: mixup's alpha, 0 (off) or more (at most 10: the Beta draw is then all but 0.5)."
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0 <= value <= 10:
-        raise ValueError(f"--mixup must be a number from 0 (off) to 10, got {value!r}")
-    return float(value)
+    return check_number('--mixup', value, 0, 10, rule='a number from 0 (off) to 10')
 
 
 def check_label_smoothing(value) -> float:
     "`--label-smoothing`: eps from 0 (off) to below 1."
-    return _fraction('--label-smoothing', value, 1.0)
+    rule = 'a number from 0 to below 1'
+    return check_fraction('--label-smoothing', value, open_max=True, rule=rule)
 
 
 def check_threads(value) -> int | None:
     "`--threads`: a count of torch threads from 1 to 1024, or None (the recipe's)."
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 1024:
-        raise ValueError(f"--threads must be a whole number from 1 to 1024, got {value!r}")
-    return value
+    return check_int('--threads', value, 1, 1024, rule='a whole number from 1 to 1024')
 
 # %% ../nbs/A13_recipes.ipynb #8b952fc4
 # the function of each augmentation --aug names, applied to a training batch

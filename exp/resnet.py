@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from .batchnorm import BatchNorm1d, BatchNorm2d
+from .checks import check_int
 from .hooks import GeneralRelu, Hooks, init_cnn
 
 # %% auto #0
@@ -20,13 +21,6 @@ __all__ = ['act_gr', 'conv', 'ResBlock', 'GlobalAvgPool', 'resnet', 'layer_stats
 # %% ../nbs/13_resnet.ipynb #4a186d54
 # the course's activation for its ResNets: leaky (0.1), shifted down by 0.4 (notebook 08a)
 act_gr = partial(GeneralRelu, leak=0.1, sub=0.4)
-
-
-def _check_ints(low: int = 1, **kwargs) -> None:
-    "ValueError unless each keyword argument is an int of at least `low`."
-    for name, v in kwargs.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise ValueError(f"{name} must be an int >= {low}, got {v!r}")
 
 
 def _check_act(act) -> None:
@@ -45,7 +39,8 @@ def conv(
 ) -> nn.Sequential:
     """Convolution `ni` -> `nf` channels (padding ks//2), the series' batch norm unless not `norm`,
     then `act()` unless None; a bias only without batch norm, unless `bias` says."""
-    _check_ints(ni=ni, nf=nf, ks=ks, stride=stride)
+    for name, value in dict(ni=ni, nf=nf, ks=ks, stride=stride).items():
+        check_int(name, value, 1)  # an int >= 1 (exp.checks, appendix A14)
     _check_act(act)
     bias = not norm if bias is None else bias
     layers = [nn.Conv2d(ni, nf, ks, stride=stride, padding=ks // 2, bias=bias)]
@@ -70,7 +65,8 @@ class ResBlock(nn.Module):
         zero_bn: bool = False,
     ):
         super().__init__()
-        _check_ints(ni=ni, nf=nf, stride=stride, ks=ks)
+        for name, value in dict(ni=ni, nf=nf, stride=stride, ks=ks).items():
+            check_int(name, value, 1)
         if ks % 2 == 0:
             # an even kernel with padding ks//2 grows the image: the two paths would not add up
             raise ValueError(f"ks must be odd, got {ks}")
@@ -110,8 +106,10 @@ def resnet(
     if not isinstance(nfs, (list, tuple)) or not nfs:
         raise ValueError(f"nfs must be a non-empty list or tuple of widths, got {nfs!r}")
     nfs = list(nfs)
-    _check_ints(n_in=n_in, n_out=n_out, **{f'nfs[{i}]': nf for i, nf in enumerate(nfs)})
-    _check_ints(low=0, extra=extra)
+    widths = {f'nfs[{i}]': nf for i, nf in enumerate(nfs)}
+    for name, value in dict(n_in=n_in, n_out=n_out, **widths).items():
+        check_int(name, value, 1)
+    check_int('extra', extra, 0)
     block = partial(ResBlock, act=act, zero_bn=zero_bn)
     layers = [block(n_in, nfs[0])]
     for ni, nf in zip(nfs, nfs[1:]):

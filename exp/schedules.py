@@ -16,6 +16,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .callbacks import AvgStatsCallback, Callback, CancelEpochException, CancelTrainException
+from .checks import check_choice, check_int, check_non_negative, check_positive
 
 # matplotlib's Axes and Figure, named for the type hints only: matplotlib is imported when a plot is
 # drawn, not with this module, because it costs 0.4 s and training does not need it
@@ -27,15 +28,6 @@ __all__ = ['LR_Find', 'Recorder', 'ParamScheduler', 'annealer', 'sched_no', 'sch
            'TrackerCallback', 'EarlyStopping']
 
 # %% ../nbs/A10_schedules.ipynb #9afeaf9f
-def _check_count(name: str, value, minimum: int = 0) -> int:
-    "`value` as an int, if it is one and at least `minimum`; else raise naming `name`."
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
 def _real(name: str, value) -> float:
     "`value` as a finite float (a Python number or a one-element tensor); else raise naming `name`."
     if isinstance(value, (bool, str, bytes)):
@@ -180,7 +172,7 @@ class Recorder(Callback):
     def _kept(self, skip_last: int) -> int:
         "How many batches are left when the last `skip_last` are dropped."
         self._check_recorded()
-        return max(len(self.losses) - _check_count('skip_last', skip_last), 0)
+        return max(len(self.losses) - check_int('skip_last', skip_last, 0, wrong_type=TypeError), 0)
 
     def plot_lr(self, pgid: int = -1, ax: _Axes | None = None) -> _Figure:
         "The learning rate of parameter group `pgid` at each training batch; returns the figure."
@@ -243,7 +235,7 @@ class ParamScheduler(Callback):
             if not callable(f):
                 raise TypeError(f"sched_funcs must be callables pos -> value, got {f!r}")
         if idx is not None:
-            idx = _check_count('idx', idx)
+            idx = check_int('idx', idx, 0, wrong_type=TypeError)
         self.pname, self.sched_funcs, self.idx = pname, funcs, idx
 
     def __repr__(self) -> str:
@@ -450,15 +442,6 @@ def sched_1cycle(
     return [ParamScheduler('lr', lr_scheds), ParamScheduler(mom_pname, mom_sched, idx=mom_idx)]
 
 # %% ../nbs/A10_schedules.ipynb #2f891b88
-def _check_positive(name: str, value) -> float:
-    "`value` as a float, if it is a finite number > 0; else raise naming `name`."
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
-
-
 def opt_state(opt) -> dict:
     """A copy of the optimizer's state: its `state_dict`, or its groups' hyperparameters if it has
     none (notebook 03's)."""
@@ -484,11 +467,11 @@ class LRFinder(Callback):
     and optimizer after."""
 
     def __init__(self, max_iter: int = 100, min_lr: float = 1e-6, max_lr: float = 10.0):
-        if isinstance(max_iter, bool) or not isinstance(max_iter, Integral):
-            raise TypeError(f"max_iter must be an int, got {max_iter!r}")
-        if max_iter < 2:
-            raise ValueError(f"max_iter must be >= 2, got {max_iter}")
-        min_lr, max_lr = _check_positive('min_lr', min_lr), _check_positive('max_lr', max_lr)
+        max_iter = check_int('max_iter', max_iter, 2, wrong_type=TypeError)
+        # a TypeError for an lr that is no number, a ValueError for one out of range
+        lr_rule = dict(rule='a finite number > 0', wrong_type=TypeError)
+        min_lr = check_positive('min_lr', min_lr, **lr_rule)
+        max_lr = check_positive('max_lr', max_lr, **lr_rule)
         if not min_lr < max_lr:
             raise ValueError(f"min_lr must be < max_lr, got min_lr={min_lr}, max_lr={max_lr}")
         self.max_iter, self.min_lr, self.max_lr = int(max_iter), min_lr, max_lr
@@ -551,8 +534,7 @@ _MAXIMISE = ('acc', 'f1', 'precision', 'recall', 'auc', 'score')
 
 def _monitor_mode(monitor: str, mode: str) -> str:
     "'min' or 'max' for `monitor`: `mode` itself, or, for 'auto', guessed from the monitor's name."
-    if mode not in ('auto', 'min', 'max'):
-        raise ValueError(f"mode must be 'auto', 'min' or 'max', got {mode!r}")
+    check_choice('mode', mode, ('auto', 'min', 'max'))
     if mode != 'auto':
         return mode
     name = monitor.lower()
@@ -577,8 +559,7 @@ class TrackerCallback(Callback):
             raise TypeError(f"monitor must be a column name, got {monitor!r}")
         if monitor in ('epoch', 'time'):
             raise ValueError(f"monitor={monitor!r} is not a metric: monitor a loss or a metric")
-        if isinstance(min_delta, bool) or not isinstance(min_delta, Real) or not min_delta >= 0:
-            raise ValueError(f"min_delta must be a number >= 0, got {min_delta!r}")
+        check_non_negative('min_delta', min_delta, finite=False)
         self.monitor, self.min_delta, self.mode = (
             monitor,
             float(min_delta),
@@ -657,10 +638,7 @@ class EarlyStopping(TrackerCallback):
         mode: str = 'auto',
     ):
         super().__init__(monitor, min_delta, mode)
-        if isinstance(patience, bool) or not isinstance(patience, Integral):
-            raise TypeError(f"patience must be an int, got {patience!r}")
-        if patience < 1:
-            raise ValueError(f"patience must be >= 1, got {patience}")
+        check_int('patience', patience, 1, wrong_type=TypeError)
         self.patience, self.wait, self.stopped_epoch, self.reason = int(patience), 0, None, None
 
     def __repr__(self) -> str:

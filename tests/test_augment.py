@@ -2,6 +2,7 @@
 mixup mixes the batch and the loss as the course does, label smoothing equals PyTorch's, and
 test-time augmentation equals averaging by hand. Seeds are stated where a test draws numbers."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -466,3 +467,12 @@ def test_on_cuda_the_batch_stays_there_and_a_cpu_generator_still_draws():
         by_hand = (F.softmax(model(xv), -1) + F.softmax(model(xv.flip(-1)), -1)) / 2
     assert torch.allclose(probs, by_hand.cpu(), atol=1e-5)
     assert torch.allclose(tta_predict(learn, data.valid_ds.x), by_hand.cpu(), atol=1e-5)
+
+
+def test_a_numpy_int_is_a_count_as_an_int_is():
+    # a count from an array or a config is a numbers.Integral: it crops and erases as the int does
+    x, seed = images(), lambda: torch.Generator().manual_seed(0)
+    got = random_crop(x, pad=np.int64(2), generator=seed())
+    assert torch.equal(got, random_crop(x, pad=2, generator=seed()))
+    got = random_erase(x, max_num=np.int64(2), generator=seed())
+    assert torch.equal(got, random_erase(x, max_num=2, generator=seed()))

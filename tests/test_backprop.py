@@ -1,6 +1,7 @@
 """Unit tests for exp.backprop: the hand-written backward passes against autograd (gradcheck) and
 nn.Linear / nn.ReLU."""
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -131,3 +132,10 @@ def test_the_default_init_is_uniform_in_one_over_sqrt_fan_in():
     assert weight.abs().max() <= bound and weight.abs().max() > 0.99 * bound
     assert weight.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.01)
     assert weight.std().item() / math.sqrt(2 / fan_in) == pytest.approx(math.sqrt(1 / 6), rel=0.01)
+
+
+def test_linear_takes_a_numpy_int_as_a_size():
+    # a size from a shape or an array is an int to numbers.Integral: a layer, not a TypeError
+    lin = Linear(np.int64(4), np.int64(3))
+    assert (lin.in_features, lin.out_features) == (4, 3) and type(lin.in_features) is int
+    assert lin(torch.ones(2, 4)).shape == (2, 3)

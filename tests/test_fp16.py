@@ -687,3 +687,9 @@ def test_options_of_the_wrong_type_are_refused_in_one_line():
         (dict(flat_master=1), TypeError, 'flat_master must be True or False, got 1'),
     ]:
         ft.test_fail(lambda: MixedPrecision(**kwargs), exc=exc, contains=message)
+
+
+def test_max_noskip_refuses_a_bool():
+    # True is an int to Python: max_noskip=True grew the scale after every step, as 1 would
+    with pytest.raises(ValueError, match='max_noskip must be an int >= 1, got True'):
+        MixedPrecision(max_noskip=True)

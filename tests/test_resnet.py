@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -288,3 +289,11 @@ def test_bench_resnet_help_and_refusals():
     proc = run_bench('--bs', '0')
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1] == 'bench_resnet.py: error: --bs must be >= 1, got 0'
+
+
+def test_numpy_ints_are_widths_as_ints_are():
+    # widths from an array are numbers.Integral: the same model as with Python ints, not a refusal
+    set_seed(0)
+    model = resnet(nfs=(np.int64(8), np.int64(16)), n_in=np.int64(1), n_out=np.int64(10))
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    assert isinstance(ResBlock(np.int64(8), np.int64(8)), ResBlock)
