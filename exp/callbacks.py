@@ -40,13 +40,9 @@ class DataBunch(SamplerStates):
     def __init__(self, train_dl: Iterable, valid_dl: Iterable, c: int | None = None):
         self.train_dl, self.valid_dl, self.c = train_dl, valid_dl, c
 
-    @property
-    def train_ds(self):
-        return loader_dataset(self.train_dl, 'train_dl')
-
-    @property
-    def valid_ds(self):
-        return loader_dataset(self.valid_dl, 'valid_dl')
+    # the datasets behind the loaders (our DataLoader's `.ds`, torch's `.dataset`)
+    train_ds = property(lambda self: loader_dataset(self.train_dl, 'train_dl'))
+    valid_ds = property(lambda self: loader_dataset(self.valid_dl, 'valid_dl'))
 
 
 class Learner:
@@ -66,6 +62,9 @@ class Learner:
         args = check_learner_args(data, model, lr, metrics, cbs, cb_funcs, Callback)  # A8
         self.data, self.model, self.loss_func = data, model, loss_func
         self.opt_func, self.lr, (self.metrics, self.cbs) = opt_func, lr, args
+        # the last fit's Runner; the progress display (07); nan stops a fit (10); ranks (12)
+        self.run, self.display, self.terminate_on_nan = None, 'auto', True
+        self.rank, self.world_size, self.run_identity = 0, 1, None  # run_identity: A3b's trainer
 
     @cached_property  # then a plain attribute (A8's "Making it fast"); `learn.opt = ...` works
     def opt(self):
@@ -117,9 +116,9 @@ class Callback(CheckpointState):
     the runner."""
 
     _order: int = 0  # a place among callbacks that do not depend on each other: smaller runs first
-    # callback classes whose handlers must run before this one's, at every event
-    run_after: tuple[type, ...] = ()
+    run_after: tuple[type, ...] = ()  # callback classes whose handlers must run before this one's
     run_before: tuple[type, ...] = ()  # callback classes whose handlers must run after this one's
+    probe: bool = False  # True: a fit with it only probes (the LR finder), nothing to keep
     run = None
 
     def set_runner(self, run: Runner) -> None:
@@ -140,7 +139,8 @@ class Callback(CheckpointState):
 
 # %% ../nbs/04_callbacks.ipynb #c0400019
 class TrainEvalCallback(Callback):
-    "Train/eval modes, and the progress counters `n_epochs` (a float) and `n_iter`."
+    """Train/eval modes, and the progress counters: `n_epochs`, the epochs done as a float (its
+    fraction of `epochs`: the runner's `pct_train`), and `n_iter`, the training batches done."""
 
     _order = -10  # first: the others read `in_train` and the counters it sets
 
@@ -177,6 +177,7 @@ class Runner(EventTable):
         self.n_epochs, self.n_iter, self.iters = 0.0, 0, 0
         self.learn = self.xb = self.yb = self.pred = self.loss = None
         self.logger: Callable = print_row  # AvgStatsCallback's table goes there, row by row
+        self.prints = True  # whether this process prints: in a fit, whether it is rank 0 (12)
         self.add_cbs([TrainEvalCallback(), *make_cbs(cbs, cb_funcs)])
 
     def add_cbs(self, cbs: Iterable[Callback]) -> None:
@@ -203,9 +204,18 @@ class Runner(EventTable):
     def data(self) -> DataBunch:
         return self.learn.data
 
+    @property
+    def pct_train(self) -> float:
+        "How far training has gone, from 0 to 1: `n_epochs / epochs` (fastai v2's name)."
+        return self.n_epochs / self.epochs if self.epochs else 0.0
+
+    def log(self, row: Sequence[str] | dict) -> None:
+        "Hand the logger a row of the table (or its header), if this process prints."
+        if self.prints:
+            self.logger(row)
+
     def _joining(self, learn: Learner) -> list[Callback]:
-        """The callbacks a fit of `learn` adds: the learner's own, and an AvgStatsCallback for its
-        metrics if none is here."""
+        "What a fit of `learn` adds: its callbacks, and an AvgStatsCallback for its metrics."
         return joining_cbs(self.cbs, learn, learn.metrics and AvgStatsCallback)  # if needed
 
     def __call__(self, event: str) -> None:
@@ -250,7 +260,7 @@ class Runner(EventTable):
         self.add_cbs(self._joining(learn))
         self._build_table()
         self.epochs, self.start_epoch = epochs, start_epoch
-        self.learn, self.loss = learn, torch.tensor(0.0)
+        self.learn, self.loss, self.prints = learn, torch.tensor(0.0), learn.rank == 0
         with self._teardown():  # every after_fit runs, even after an error; the logger put back
             try:
                 self('begin_fit')
@@ -272,8 +282,7 @@ class Runner(EventTable):
 
 # %% ../nbs/04_callbacks.ipynb #c0400029
 class AvgStats(SumsOnDevice):
-    """Loss and metrics summed over an epoch, weighted by batch size, for training (`in_train`) or
-    validation."""
+    "Loss and metrics summed over an epoch, weighted by batch size, in training or validation."
 
     def __init__(self, metrics: Sequence[Callable], in_train: bool):
         self.metrics, self.in_train = listify(metrics), in_train
@@ -285,10 +294,6 @@ class AvgStats(SumsOnDevice):
         # fp32 zeros: a half-precision loss (to_fp16(loss_fp32=False)) is then summed in fp32
         self.tot_loss, self.count = torch.zeros(()), 0
         self.tot_mets = [torch.zeros(()) for _ in self.metrics]
-
-    @property
-    def all_stats(self) -> list:
-        return [self.tot_loss, *self.tot_mets]
 
     @property
     def avg_stats(self) -> list[float]:
@@ -308,15 +313,9 @@ class AvgStats(SumsOnDevice):
             else:
                 self.tot_mets[i] = self.tot_mets[i] + metric(pred.detach(), yb) * n
 
-    def __repr__(self) -> str:
-        if not self.count:
-            return ''
-        return f"{'train' if self.in_train else 'valid'}: {self.avg_stats}"
-
 
 class AvgStatsCallback(HistoryState, Callback):
-    """Averages loss and `metrics` per epoch for training and validation; hands each epoch's row to
-    the runner's logger (its checkpoint state: the rows, A8)."""
+    "Per-epoch averages of the loss and `metrics`, training and validation: a row an epoch, logged."
 
     def __init__(
         self, metrics: Sequence[Callable] | Callable | None = None, print_stats: bool = True
@@ -336,7 +335,7 @@ class AvgStatsCallback(HistoryState, Callback):
     def begin_fit(self):
         self.history, self.n_logged = [], 0
         if self.print_stats:
-            self.run.logger(self.names)
+            self.run.log(self.names)
 
     def begin_epoch(self):
         self.train_stats.reset()

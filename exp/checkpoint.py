@@ -32,7 +32,7 @@ from exp.callbacks import (
 )
 from .checks import check_choice
 from .data import atomic_write
-from .early_stopping import EarlyStopping, LRFinder, TrackerCallback, load_opt_state, opt_state
+from .early_stopping import EarlyStopping, TrackerCallback, load_opt_state, opt_state
 from .fp16 import MixedPrecision
 from .schedules import Recorder
 
@@ -104,7 +104,7 @@ def checkpoint_state(learn: Learner, run: Runner | None = None) -> dict:
     callbacks' states; `run`: its fit (default `learn.run`)."""
     if not isinstance(learn, Learner):
         raise TypeError(f"learn must be a Learner, got {type(learn).__name__}")
-    run = getattr(learn, 'run', None) if run is None else run
+    run = learn.run if run is None else run
     in_fit = run is not None and run.learn is learn
     mp = run.find(MixedPrecision) if in_fit else None
     # in a mixed-precision fit: the fp32 masters
@@ -122,7 +122,7 @@ def checkpoint_state(learn: Learner, run: Runner | None = None) -> dict:
         'data': learn.data.state_dict(),
         'callbacks': callback_states(_checkpoint_cbs(learn, run)),
         # which run and which data (the trainer's `learn.run_identity`): a resume checks it
-        'identity': getattr(learn, 'run_identity', None),
+        'identity': learn.run_identity,
     }
 
 
@@ -451,7 +451,7 @@ def save_checkpoint(learn: Learner, path: str | os.PathLike, run: Runner | None 
     unless this process is not rank 0."""
     path = _file_path(path)
     # data-parallel: the processes hold the same weights, rank 0 writes them for all
-    if getattr(learn, 'rank', 0) != 0:
+    if learn.rank != 0:
         return path
     return write_checkpoint(checkpoint_state(learn, run), path)
 
@@ -512,7 +512,7 @@ class TerminateOnNaNCallback(Callback):
         mp = self.run.find(MixedPrecision)
         # the LR finder stops at a non-finite loss itself; dynamic loss scaling skips such a step,
         # and has a floor
-        self.active = self.run.find(LRFinder) is None and not (mp is not None and mp.dynamic)
+        self.active = not self.run.probe and not (mp is not None and mp.dynamic)
         self.kept = []
 
     def begin_epoch(self):

@@ -302,7 +302,7 @@ class MixedPrecision(Callback):
         """Gradients overflow even at the lowest loss scale: no scale can help. Stop the fit (an LR
         finder's just ends)."""
         # divergence is what it looks for
-        if self.run.find(LRFinder) is not None:
+        if self.run.probe:  # the LR finder's fit
             raise CancelTrainException()
         batch = self.n_iter - self.epoch * self.iters
         raise NonFiniteError(

@@ -14,9 +14,8 @@ from fastcore.basics import patch
 from torch import Tensor
 from torch.nn.parallel import DistributedDataParallel
 
-from .callbacks import AvgStatsCallback, DataBunch, Learner
+from .callbacks import AvgStatsCallback, DataBunch
 from .cnn import DeviceCallback
-from .early_stopping import LRFinder
 from .elastic import ENV_VARS, DistributedError, broadcast_model, join_group, launch
 from .elastic import rank_lines, shutdown, torchrun_env
 from .elastic import NO_BUFFER_SYNC, GradientSync, collective, distributed_error
@@ -24,11 +23,8 @@ from .elastic import ensure_group, process_device, sync_buffers, weighted_allred
 from .elastic import validate_launch, validate_shards, validate_split
 from .elastic import BatchShareSampler, DistributedBookkeeping, train_sampler
 from .fp16 import MixedPrecision
+from .learner import Learner  # with notebook 10's methods: here it gets its last
 from .minibatch import DataLoader, Sampler
-from .progress import ProgressCallback
-
-# the Learner's fit, display and rank-aware save (notebook 10), which to_distributed relies on
-import exp.learner
 
 # %% auto #0
 __all__ = ['ShardedSampler', 'DistributedCallback', 'ENV_VARS', 'DistributedError', 'broadcast_model', 'join_group', 'launch',
@@ -106,29 +102,22 @@ class ShardedSampler:
         )
 
 # %% ../nbs/12_distributed.ipynb #f07e27c1
-def _silent(row) -> None:
-    "The logger of ranks other than 0: the table is rank 0's to show."
-
-
 class DistributedCallback(DistributedBookkeeping):
     """Data-parallel training: DDP in training, the plain model in validation, statistics summed
     over ranks, output on rank 0."""
 
-    # the model on its device; the logger we replace is the one to silence
-    run_after = (DeviceCallback, ProgressCallback)
+    run_after = (DeviceCallback,)  # the model on its device
     # sums summed before the row is made; weights broadcast before the masters
     run_before = (AvgStatsCallback, MixedPrecision)
 
     def begin_fit(self):
-        if self.run.find(LRFinder) is not None:
+        if self.run.probe:  # the LR finder's fit
             raise ValueError(
                 "the LR finder cannot run data-parallel (each process would stop at its own loss): "
                 "find the lr in one process, then train with it"
             )
         self.module, self.ddp, self.stats = self.learn.model, None, self.run.find(AvgStatsCallback)
         self.buffers = any(True for _ in self.module.buffers())
-        if self.rank != 0:
-            self.run.logger = _silent  # the runner puts its own back after the fit
         # every process starts from rank 0's weights (before fp16 copies them)
         broadcast_model(self.module)
 
@@ -201,8 +190,6 @@ def to_distributed(
         train_dl, _shard(self.data.valid_dl, max(1, valid_bs // world), rank, world), self.data.c
     )
     self.rank, self.world_size = rank, world
-    if rank != 0:
-        self.display = 'off'
     self.cbs = [cb for cb in self.cbs if not isinstance(cb, DistributedCallback)]
     self.cbs.append(
         DistributedCallback(rank, world, device_ids=[local_rank] if device.type == 'cuda' else None)

@@ -367,11 +367,9 @@ def process_device(learn: Learner, local_rank: int) -> torch.device:
             )
         device = torch.device('cuda', local_rank)
         torch.cuda.set_device(device)
-        for cb in devices:
-            cb.device = device
-        # the model and each batch on this process's GPU
-        if not devices:
-            learn.cbs.append(DeviceCallback(device))
+        # the model and each batch on this process's GPU: a DeviceCallback of its own
+        others = [cb for cb in learn.cbs if not isinstance(cb, DeviceCallback)]
+        learn.cbs = [*others, DeviceCallback(device)]
     return device
 
 
@@ -462,25 +460,19 @@ class DistributedBookkeeping(Callback):
     def begin_validate(self):
         self.learn.model = self.module
 
-    def _reduce(self, stats) -> None:
-        "Sum an AvgStats' loss, metric sums and count over all processes."
-        device = next(self.module.parameters()).device
-        t = torch.tensor(
-            [float(v) for v in stats.all_stats] + [stats.count], dtype=torch.float64, device=device
-        )
+    def _sum(self, t: Tensor) -> Tensor:
+        "`t` summed over all processes (on the model's device, as NCCL needs)."
+        t = t.to(next(self.module.parameters()).device)
         collective(f'summing the statistics of epoch {self.epoch}', dist.all_reduce, t)
-        stats.tot_loss, stats.tot_mets, stats.count = (
-            t[0].item(),
-            t[1:-1].tolist(),
-            int(t[-1].item()),
-        )
+        return t
 
     def after_epoch(self):
         self.learn.model = self.module
         if self.stats is None:
             return
-        self._reduce(self.stats.train_stats)
-        self._reduce(self.stats.valid_stats)
+        # through AvgStats' own hook: the sums, the metrics' and the count, over every process
+        self.stats.train_stats.reduce(self._sum)
+        self.stats.valid_stats.reduce(self._sum)
 
     def after_fit(self):
         if self.module is not None:

@@ -17,6 +17,7 @@ from fastcore.basics import listify, patch
 from . import fp16
 from .anneal import Recorder, sched_1cycle
 from .callbacks import AvgStatsCallback, Callback, DataBunch, Learner, Runner
+from .checks import check_fraction, check_positive
 from .checkpoint import CHECKPOINT_VERSION, CheckpointMismatch, SaveModelCallback
 from .checkpoint import TerminateOnNaNCallback, interrupt_note, load_checkpoint, save_checkpoint
 from .early_stopping import LRFinder
@@ -30,16 +31,12 @@ __all__ = ['suggest_lr', 'CHECKPOINT_VERSION', 'CheckpointMismatch', 'SaveModelC
 _all_ = ['CHECKPOINT_VERSION', 'CheckpointMismatch', 'SaveModelCallback', 'TerminateOnNaNCallback']
 
 # %% ../nbs/10_learner.ipynb #196e6b60
-Learner.display = 'auto'  # ProgressCallback's: 'auto', 'notebook', 'console', 'text' or 'off'
-Learner.run = None  # the Runner of the last fit
-Learner.rank, Learner.world_size = 0, 1  # this process's place in data-parallel training (nb 12)
-Learner.terminate_on_nan = True  # stop at a loss that is not finite (TerminateOnNaNCallback)
-
-
+# the attributes these methods read (display, run, rank, terminate_on_nan) are set by the
+# Learner's constructor, in notebook 04
 @patch(as_prop=True)
 def recorder(self: Learner) -> Recorder | None:
     "The Recorder of the last fit, if any."
-    return getattr(self.run, 'recorder', None)
+    return None if self.run is None else self.run.find(Recorder)
 
 
 @patch
@@ -82,13 +79,6 @@ def _momentum_param(opt) -> tuple[str | None, int | None]:
     return None, None
 
 
-def _positive(name: str, value) -> float:
-    "`value` as a float, if it is a number > 0; else raise naming `name`."
-    if isinstance(value, bool) or not isinstance(value, Real) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0, got {value!r}")
-    return float(value)
-
-
 @patch
 def fit_one_cycle(
     self: Learner,
@@ -111,8 +101,12 @@ def fit_one_cycle(
         )
     if not all(0 <= m < 1 for m in moms):
         raise ValueError(f"moms must be in [0, 1), got {moms!r}")
-    div_factor = _positive('div_factor', div_factor)
-    final_div = div_factor * 1e4 if final_div is None else _positive('final_div', final_div)
+    div_factor = check_positive('div_factor', div_factor, finite=False)
+    final_div = (
+        div_factor * 1e4
+        if final_div is None
+        else check_positive('final_div', final_div, finite=False)
+    )
     pname, idx = _momentum_param(self.opt)
     scheds = sched_1cycle(
         self.lr if max_lr is None else max_lr,
@@ -197,8 +191,7 @@ def suggest_lr(lrs: Sequence[float], losses: Sequence[float], beta: float = 0.9)
     course)."""
     if len(lrs) == 0 or len(lrs) != len(losses):
         raise ValueError(f"need as many lrs as losses, got {len(lrs)} and {len(losses)}")
-    if isinstance(beta, bool) or not isinstance(beta, Real) or not 0 <= beta < 1:
-        raise ValueError(f"beta must be in [0, 1), got {beta!r}")
+    beta = check_fraction('beta', beta, open_max=True, rule='in [0, 1)')
     lrs, losses = [float(l) for l in lrs], [float(l) for l in losses]  # lists or tensors
     if not math.isfinite(losses[0]):  # else the first lr would be suggested, from nothing
         raise ValueError(

@@ -51,7 +51,8 @@ class ProgressCallback(Callback):
         return f'{type(self).__name__}(display={self.display!r})'
 
     def begin_fit(self):
-        self.mode = progress_display(self.display)
+        # a process that does not print (data-parallel ranks but 0, notebook 12) shows no bars
+        self.mode = progress_display(self.display) if self.run.prints else 'off'
         if self.mode == 'off':
             return
         self.table, self.pbar = [], None

@@ -182,6 +182,12 @@ class EventTable:
             for e, cbs in self._handlers(sort_callbacks(self.cbs)).items()
         }
 
+    @property
+    def probe(self) -> bool:
+        """Whether this fit only probes, as the LR finder's does (a callback with `probe = True`):
+        nothing is saved, and a divergence ends it rather than failing."""
+        return any(cb.probe for cb in self.cbs)
+
     def find(self, cls: type | tuple[type, ...]):
         """The first of this runner's callbacks that is a `cls`, or None: how one callback finds
         another (once per fit, not per batch)."""
@@ -383,7 +389,7 @@ class HistoryState:
         checkpoint's rows too)."""
         if self.print_stats:
             for row in self.history[self.n_logged :]:
-                self.run.logger(row)
+                self.run.log(row)  # the runner's logger, if this process prints
         self.n_logged = len(self.history)
 
 
@@ -475,7 +481,25 @@ class NonFiniteError(ArithmeticError):
 
 # %% ../nbs/A8_runner.ipynb #a8r00031
 class SumsOnDevice:
-    "AvgStats at an epoch's first batch: sums moved to the batches' device, summed metrics checked."
+    """AvgStats' bookkeeping: at an epoch's first batch, sums moved to the batches' device, summed
+    metrics checked; the sums reduced (over processes) through `reduce`."""
+
+    @property
+    def all_stats(self) -> list:
+        "The sums so far: the loss's, then each metric's."
+        return [self.tot_loss, *self.tot_mets]
+
+    def reduce(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace the sums and the count by `fn` of them, given and returned as one float64 tensor
+        (loss, metrics, count): how data-parallel training sums them over processes (nb 12)."""
+        t = torch.tensor([*map(float, self.all_stats), self.count], dtype=torch.float64)
+        t = fn(t)
+        self.tot_loss, self.tot_mets, self.count = t[0].item(), t[1:-1].tolist(), int(t[-1].item())
+
+    def __repr__(self) -> str:
+        if not self.count:
+            return ''
+        return f"{'train' if self.in_train else 'valid'}: {self.avg_stats}"
 
     def _first_batch(self, loss: torch.Tensor, pred: torch.Tensor, yb: torch.Tensor) -> None:
         """Put the sums where the batches are, in at least fp32; call each summed metric once in

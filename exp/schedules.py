@@ -466,6 +466,8 @@ class LRFinder(Callback):
     """Raises the lr from `min_lr` to `max_lr` exponentially over `max_iter` batches; restores model
     and optimizer after."""
 
+    probe = True  # its fit only probes: the runner's `probe` tells the other callbacks (A8)
+
     def __init__(self, max_iter: int = 100, min_lr: float = 1e-6, max_lr: float = 10.0):
         max_iter = check_int('max_iter', max_iter, 2, wrong_type=TypeError)
         # a TypeError for an lr that is no number, a ValueError for one out of range

@@ -241,3 +241,24 @@ def test_site_describes_a_constant_by_its_comment_even_when_re_exported(monkeypa
     monkeypatch.setattr(inspect, 'getsource', lambda o: source if o is lesson else getsource(o))
     ft.test_eq(site.constant_doc(lesson, 'MAX_SEED'), said)
     ft.test_eq(site.constant_doc(lesson, 'NOT_THERE'), '')
+
+
+def test_architecture_page_is_what_the_code_says():
+    "docs/architecture.md's layers and method table are those the code has today."
+    from tools import architecture
+
+    page = architecture.PAGE.read_text()
+    assert page == architecture.refreshed(page), "run python -m tools.architecture --write"
+
+
+def test_architecture_layers_follow_the_imports():
+    "Every module sits below each module it imports; the whole Learner has each lesson's methods."
+    from tools import architecture
+
+    level = {m: i for i, layer in enumerate(architecture.layers()) for m in layer}
+    assert level['callbacks'] > level['runner'] and level['train'] > level['distributed']
+    for module in level:
+        assert all(level[d] < level[module] for d in architecture.imports(module)), module
+    homes = {name: module for name, module, _ in architecture.learner_methods()}
+    assert homes['fit'] == 'learner' and homes['to_distributed'] == 'distributed'
+    assert homes['find'] == 'callbacks'

@@ -43,6 +43,7 @@ GUIDES = (
     'distributed',
     'data',
     'library',
+    'architecture',
     'site',
     'authoring',
 )
