@@ -40,19 +40,11 @@ except KeyboardInterrupt:
     raise SystemExit(130) from None
 
 # built in notebooks A3c (exp.options), A3d (exp.resume) and A3 (exp.runs): importable from here
-_all_ = [
-    'ARCHS',
-    'FP16_MODES',
-    'DEFAULT_LRS',
-    'RUN_OPTIONS',
-    'MAX_LR',
-    'MAX_CLASSES',
-    'TrainConfig',
-]
-_all_ += ['check_config', 'resolve_fp16', 'make_parser', 'read_run_config', 'data_fingerprint']
-_all_ += ['run_identity', 'resumed_config', 'CHECKPOINT', 'PARTIAL', 'LOCK_GRACE', 'TRACEBACK']
-_all_ += ['partial_folder', 'check_out', 'RunFolderError', 'RunClaim', 'claim_run_folder']
-_all_ += ['find_run', 'Stopped']
+_all_ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'RUN_OPTIONS', 'MAX_LR', 'MAX_CLASSES']
+_all_ += ['TrainConfig', 'check_config', 'resolve_fp16', 'make_parser', 'read_run_config']
+_all_ += ['data_fingerprint', 'run_identity', 'resumed_config', 'CHECKPOINT', 'PARTIAL']
+_all_ += ['LOCK_GRACE', 'TRACEBACK', 'partial_folder', 'check_out', 'RunFolderError', 'RunClaim']
+_all_ += ['claim_run_folder', 'find_run', 'Stopped']
 
 # %% auto #0
 __all__ = ['ONE_CYCLE', 'load_databunch', 'build_model', 'build_learner', 'Trainer', 'main', 'ARCHS', 'FP16_MODES', 'DEFAULT_LRS',
