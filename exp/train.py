@@ -9,35 +9,27 @@ import os
 import sys
 
 try:  # Ctrl-C while torch loads (a second or more) is one line too, not a traceback
-    import argparse
-    import hashlib
-    import json
-    import math
-    from dataclasses import asdict, dataclass, replace
-    from functools import partial
-    from numbers import Real
-    from pathlib import Path
-
-    import torch
     from torch import nn
 
     from exp.callbacks import DataBunch, Learner
     from exp.cnn import DeviceCallback, Lambda, default_device, flatten, get_cnn_model, simple_cnn
-    from exp.data import DATASETS, IDX_FILES, KNOWN_DATA, MAX_SEED, CommandLine, DownloadError
-    from exp.data import get_data, normalize, remove_stale_parts, set_seed, sha256sum
+    from exp.data import DATASETS, KNOWN_DATA, DownloadError, get_data, normalize
+    from exp.data import remove_stale_parts, set_seed
     from exp.distributed import DistributedError, shutdown  # it adds Learner.to_distributed
     from exp.learner import SaveModelCallback
     from exp.loss import accuracy
     from exp.minibatch import Dataset, get_dls
-    from exp.recipes import RECIPES, check_aug, check_label_smoothing, check_mixup, check_opt
-    from exp.recipes import check_threads, check_wd, loss_func, opt_func, resnet_for, set_threads
-    from exp.recipes import train_callbacks, tta_accuracy
+    from exp.options import ARCHS, DEFAULT_LRS, FP16_MODES, MAX_LR, TrainConfig, check_config
+    from exp.options import MAX_CLASSES, check_data, make_parser, resolve_fp16
+    from exp.recipes import loss_func, opt_func, resnet_for, set_threads, train_callbacks
+    from exp.recipes import tta_accuracy
+    from exp.resume import RUN_OPTIONS, data_fingerprint, failure_report, read_run_config
+    from exp.resume import resolve_run, resume_point, resumed_config, run_identity
+    from exp.resume import write_run_config
     from exp.runs import CHECKPOINT, LOCK_GRACE, PARTIAL, TRACEBACK, RunClaim, RunFolderError
-    from exp.runs import Stopped, check_free, check_out, check_unchanged, claim_run_folder
-    from exp.runs import exit_code, fail, failure_line, find_run, finish_run, flag, hold_stops
-    from exp.runs import keep_run, out_of, partial_folder, program, reclaim_run_folder
-    from exp.runs import restarted_run, resume_epoch, run_command, save_plot, stop_on_signals
-    from exp.runs import write_config
+    from exp.runs import Stopped, check_out, claim_run_folder, exit_code, fail, find_run
+    from exp.runs import finish_run, hold_stops, keep_run, partial_folder, reclaim_run_folder
+    from exp.runs import save_plot, stop_on_signals
 except KeyboardInterrupt:
     command = os.path.basename(sys.argv[0]) if sys.argv else ''
     # imported by a program of its own, or a notebook's kernel (no file): their Ctrl-C
@@ -47,192 +39,33 @@ except KeyboardInterrupt:
     print(f"{name}: interrupted (Ctrl-C) while starting: nothing was written", file=sys.stderr)
     raise SystemExit(130) from None
 
-# built in notebook A3 (exp.runs) and importable from here, as before
-_all_ = ['CHECKPOINT', 'PARTIAL', 'LOCK_GRACE', 'TRACEBACK', 'partial_folder', 'check_out']
-_all_ += ['RunFolderError', 'RunClaim', 'claim_run_folder', 'find_run', 'Stopped']
+# built in notebooks A3c (exp.options), A3d (exp.resume) and A3 (exp.runs): importable from here
+_all_ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'RUN_OPTIONS', 'MAX_LR', 'MAX_CLASSES']
+_all_ += ['TrainConfig', 'check_config', 'resolve_fp16', 'make_parser', 'read_run_config']
+_all_ += ['data_fingerprint', 'run_identity', 'resumed_config', 'CHECKPOINT', 'PARTIAL']
+_all_ += ['LOCK_GRACE', 'TRACEBACK', 'partial_folder', 'check_out', 'RunFolderError', 'RunClaim']
+_all_ += ['claim_run_folder', 'find_run', 'Stopped']
 
 # %% auto #0
-__all__ = ['ARCHS', 'FP16_MODES', 'DEFAULT_LRS', 'ONE_CYCLE', 'RUN_OPTIONS', 'MAX_LR', 'MAX_CLASSES', 'TrainConfig',
-           'check_config', 'load_databunch', 'build_model', 'resolve_fp16', 'build_learner', 'read_run_config',
-           'data_fingerprint', 'run_identity', 'resumed_config', 'Trainer', 'make_parser', 'main', 'CHECKPOINT',
-           'PARTIAL', 'LOCK_GRACE', 'TRACEBACK', 'partial_folder', 'check_out', 'RunFolderError', 'RunClaim',
-           'claim_run_folder', 'find_run', 'Stopped']
+__all__ = ['ONE_CYCLE', 'load_databunch', 'build_model', 'build_learner', 'Trainer', 'main', 'ARCHS', 'FP16_MODES', 'DEFAULT_LRS',
+           'RUN_OPTIONS', 'MAX_LR', 'MAX_CLASSES', 'TrainConfig', 'check_config', 'resolve_fp16', 'make_parser',
+           'read_run_config', 'data_fingerprint', 'run_identity', 'resumed_config', 'CHECKPOINT', 'PARTIAL',
+           'LOCK_GRACE', 'TRACEBACK', 'partial_folder', 'check_out', 'RunFolderError', 'RunClaim', 'claim_run_folder',
+           'find_run', 'Stopped']
 
 # %% ../nbs/A3b_train.ipynb #3a673a38
-ARCHS = tuple(RECIPES)  # mlp, cnn, simple_cnn, resnet (appendix A13)
-FP16_MODES = ('auto', 'on', 'off', 'bf16')
-# the best peak lr measured per model (12 epochs, bs 32)
-DEFAULT_LRS = {arch: recipe.lr for arch, recipe in RECIPES.items()}
 # from a tenth of the peak lr down to 1e-5 of it: the measured schedule
 ONE_CYCLE = dict(div_factor=10.0, final_div=1e5)
-# what a resumed run may not change
-RUN_OPTIONS = ('data', 'arch', 'epochs', 'bs', 'lr', 'one_cycle', 'fp16', 'seed')
-RUN_OPTIONS += ('opt', 'wd', 'aug', 'mixup', 'label_smoothing')
-# an lr above it is a typo (1e308 overflows to inf in the schedule); the finder stops at 10
-MAX_LR = 1000.0
-
-
-@dataclass
-class TrainConfig:
-    """The options of a training run: what `python -m exp.train` takes, and what the run writes to
-    config.json."""
-
-    data: str = 'mnist5k'  # mnist5k, mnist, fashion, or a folder of four IDX files
-    arch: str = 'cnn'  # one of ARCHS
-    epochs: int = 12
-    bs: int | None = None  # None: the arch's recipe (RECIPES)
-    lr: float | None = None  # None: DEFAULT_LRS[arch], or the LR finder's pick with lr_find
-    lr_find: bool = False
-    one_cycle: bool = True
-    fp16: str = 'auto'  # one of FP16_MODES
-    seed: int = 42
-    out: str | None = None  # None: runs/<timestamp>
-    resume: str | None = None  # an unfinished run: its folder, or the checkpoint in it
-    # under torchrun: seconds a collective operation (or the rendezvous) may wait for a peer
-    dist_timeout: float = 300.0
-    # appendix A13: None takes the arch's recipe
-    opt: str | None = None  # sgd or adamw
-    wd: float | None = None  # weight decay
-    aug: str = 'none'  # augmentation of the training batches: none, or some of crop,flip,erase
-    tta: bool = False  # report the accuracy with test-time augmentation (flip) too
-    mixup: float = 0.0  # mixup's alpha (0: off)
-    label_smoothing: float = 0.0
-    threads: int | None = None  # torch threads; None: OMP_NUM_THREADS if set, else the recipe's
-
-    def check(self) -> TrainConfig:
-        "A checked, normalised copy; raises ValueError naming the first bad option and its value."
-        data = _path_str('data', self.data)
-        if data is None:
-            raise ValueError("--data must be a data set name or a folder, got None")
-        if data not in KNOWN_DATA and not Path(data).is_dir():
-            known = ', '.join(KNOWN_DATA)
-            raise ValueError(f"--data {data!r} is neither a known data set ({known}) nor a folder")
-        _choice('arch', self.arch, ARCHS)
-        _choice('fp16', self.fp16, FP16_MODES)
-        lr = None if self.lr is None else _positive('lr', self.lr)
-        if lr is not None and lr > MAX_LR:
-            raise ValueError(f"--lr must be at most {MAX_LR:g} (a typo?), got {self.lr!r}")
-        lr_find = _bool('lr_find', self.lr_find)
-        _bool('one_cycle', self.one_cycle)
-        resume = _path_str('resume', self.resume)
-        if lr_find and lr is not None:
-            raise ValueError(f"give --lr or --lr-find, not both (got --lr {lr:g} and --lr-find)")
-        if lr_find and resume is not None:
-            raise ValueError(
-                "--lr-find cannot continue a run: a resumed run trains at the lr it started with "
-                "(in its config.json)"
-            )
-        timeout = _positive('dist_timeout', self.dist_timeout, 'a number of seconds')
-        recipe = RECIPES[self.arch]
-        bs = _count('bs', recipe.bs if self.bs is None else self.bs, 1)
-        epochs, seed = _count('epochs', self.epochs, 1), _count('seed', self.seed, 0, MAX_SEED)
-        out = _path_str('out', self.out)
-        checked = dict(data=data, epochs=epochs, bs=bs, lr=lr, seed=seed, out=out, resume=resume)
-        opt = check_opt(recipe.opt if self.opt is None else self.opt)
-        wd = check_wd(recipe.wd if self.wd is None else self.wd)
-        tta, threads = _bool('tta', self.tta), check_threads(self.threads)
-        mixup, smoothing = check_mixup(self.mixup), check_label_smoothing(self.label_smoothing)
-        checked |= dict(opt=opt, wd=wd, aug=check_aug(self.aug), tta=tta, mixup=mixup)
-        checked |= dict(label_smoothing=smoothing, threads=threads)
-        return replace(self, dist_timeout=timeout, **checked)
-
-# %% ../nbs/A3b_train.ipynb #710d367f
-def _choice(name: str, value, choices: tuple) -> str:
-    "`value` if it is one of `choices`; else raise naming the option."
-    if value not in choices:
-        raise ValueError(f"{flag(name)} must be one of {', '.join(choices)}; got {value!r}")
-    return value
-
-
-def _positive(name: str, value, what: str = 'a number') -> float:
-    "`value` as a float if it is a finite number > 0; else raise naming the option."
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < math.inf:
-        raise ValueError(f"{flag(name)} must be {what} > 0, got {value!r}")
-    return float(value)
-
-
-def _count(name: str, value, minimum: int, maximum: int | None = None) -> int:
-    """`value` as an int if it is a whole number from `minimum` to `maximum`; else raise naming the
-    option."""
-    if isinstance(value, bool) or not isinstance(value, Real) or not float(value).is_integer():
-        raise ValueError(f"{flag(name)} must be a whole number, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{flag(name)} must be >= {minimum}, got {value!r}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{flag(name)} must be <= {maximum}, got {value!r}")
-    return int(value)
-
-
-def _path_str(name: str, value) -> str | None:
-    "`value` (a str or a path) as a non-empty str, or None."
-    if value is None:
-        return None
-    if not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise ValueError(f"{flag(name)} must be a path, got {value!r}")
-    return str(value)
-
-
-def _bool(name: str, value) -> bool:
-    "`value` if it is a bool; else raise naming the option (a string 'False' would be true)."
-    if not isinstance(value, bool):
-        raise ValueError(f"{flag(name)} must be True or False, got {value!r}")
-    return value
-
-
-def check_config(cfg: TrainConfig) -> TrainConfig:
-    """A checked, normalised copy of `cfg` (`cfg.check()`); raises ValueError naming the first bad
-    option and its value."""
-    if not isinstance(cfg, TrainConfig):
-        raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
-    return cfg.check()
 
 # %% ../nbs/A3b_train.ipynb #fd683068
-# a label above this is a damaged file, not a class: the model would need that many outputs
-MAX_CLASSES = 10_000
-
-
 def load_databunch(data: str = 'mnist5k', bs: int = 32) -> DataBunch:
     """Data set `data` (a name or a folder of IDX files) as normalised `(1, H, W)` images in a
     DataBunch of `c` classes; checked first."""
     x_train, y_train, x_valid, y_valid = (
         get_data(data, flat=False) if data in KNOWN_DATA else get_data(path=data, flat=False)
     )
-    where = f"--data {data}"
-    for split, x, y in (('train', x_train, y_train), ('valid', x_valid, y_valid)):
-        if len(x) == 0:
-            raise ValueError(f"{where}: the {split} split is empty")
-        if y.min() < 0:
-            raise ValueError(
-                f"{where}: a {split} label is {int(y.min())}: labels are class numbers, from 0"
-            )
-    if x_train.shape[1:] != x_valid.shape[1:]:
-        (h, w), (vh, vw) = x_train.shape[1:], x_valid.shape[1:]
-        raise ValueError(
-            f"{where}: the train images are {h} x {w}, the valid images {vh} x {vw}: one model "
-            "cannot take both"
-        )
-    c = int(y_train.max()) + 1
-    if c > MAX_CLASSES:
-        raise ValueError(
-            f"{where}: a train label is {c - 1}: more than {MAX_CLASSES:,} classes is a damaged "
-            "file"
-        )
-    if y_valid.max() >= c:
-        raise ValueError(
-            f"{where}: a valid label is {int(y_valid.max())}, outside the train labels' 0 to "
-            f"{c - 1}"
-        )
-    missing = sorted(set(range(c)) - set(y_train.unique().tolist()))
-    if missing:  # one stray label (255 among 0-9) would make a model of 256 classes
-        shown = ', '.join(map(str, missing[:5])) + (', ...' if len(missing) > 5 else '')
-        raise ValueError(
-            f"{where}: the train labels run to {c - 1}, but {len(missing)} class(es) below it "
-            f"never appear ({shown}): a stray label?"
-        )
+    c = check_data(data, x_train, y_train, x_valid, y_valid)  # refused in one line
     mean, std = x_train.mean(), x_train.std()
-    # max == min is exact where a float32 std of one repeated value can come out at 5.6e-9
-    if not std > 0 or bool(x_train.max() == x_train.min()):
-        raise ValueError(f"{where}: every train pixel has the same value: nothing to learn")
     # (N, 1, H, W): H and W from the IDX header
     train_ds = Dataset(normalize(x_train, mean, std).unsqueeze(1), y_train)
     valid_ds = Dataset(normalize(x_valid, mean, std).unsqueeze(1), y_valid)
@@ -255,17 +88,9 @@ def build_model(arch: str, data: DataBunch) -> nn.Module:
     raise ValueError(f"arch must be one of {', '.join(ARCHS)}; got {arch!r}")
 
 # %% ../nbs/A3b_train.ipynb #cbe8fe49
-def resolve_fp16(mode: str, device: torch.device | None = None) -> str:
-    "The precision to train in: `mode`, or for 'auto', 'on' on a CUDA device and 'off' elsewhere."
-    if _choice('fp16', mode, FP16_MODES) != 'auto':
-        return mode
-    return 'on' if (device or default_device()).type == 'cuda' else 'off'
-
-
 def build_learner(cfg: TrainConfig, data: DataBunch | None = None) -> Learner:
     """A Learner for `cfg` (seeded): its data (loaded unless given), model, its recipe's optimizer,
-    loss and callbacks (A13),
-    accuracy, device, precision."""
+    loss and callbacks (A13), accuracy, device, precision."""
     cfg = check_config(cfg)  # the recipe's defaults filled in
     set_seed(cfg.seed)
     data = load_databunch(cfg.data, cfg.bs) if data is None else data
@@ -288,108 +113,26 @@ def build_learner(cfg: TrainConfig, data: DataBunch | None = None) -> Learner:
         learn.to_distributed(timeout=cfg.dist_timeout)
     return learn
 
-# %% ../nbs/A3b_train.ipynb #a3b00002
-def read_run_config(folder: Path) -> TrainConfig:
-    "The options of the run in `folder`, from the config.json it wrote when it started."
-    try:
-        cfg = TrainConfig(**json.loads((folder / 'config.json').read_text()))
-    except (OSError, ValueError, TypeError) as e:
-        why = ' '.join(str(e).split())
-        raise ValueError(f"--resume {folder}: its config.json cannot be read ({why})") from None
-    # the lr it holds is the one the finder picked
-    return check_config(replace(cfg, lr_find=False, resume=None))
-
-
-def _comparable(name: str, value):
-    """`value` of option `name` in the form two runs compare: a data folder resolved, `--fp16 auto`
-    resolved here."""
-    if name == 'data' and value not in KNOWN_DATA:
-        return str(Path(value).resolve())
-    return resolve_fp16(value) if name == 'fp16' else value
-
-
-def data_fingerprint(data: str) -> str | None:
-    """The sha256 of the IDX files of a `--data FOLDER` (None for a named data set: it is pinned); a
-    resume checks it."""
-    if data in KNOWN_DATA:
-        return None
-    # the files' bytes, not the loaded tensors: normalising them sums in an order that varies with
-    # the number of threads, and a run may resume on another machine
-    digest = hashlib.sha256()
-    for stem in IDX_FILES:
-        dotted = stem.replace('-idx', '.idx')
-        for name in (stem, stem + '.gz', dotted, dotted + '.gz'):  # the names the loader tries
-            if (Path(data) / name).is_file():
-                digest.update(f"{name} {sha256sum(Path(data) / name)}\n".encode())
-    return digest.hexdigest()
-
-
-def run_identity(config: TrainConfig, fingerprint: str | None) -> dict:
-    """What a checkpoint records of its run: the options it may not change, its folder, its data's
-    fingerprint."""
-    return {
-        'options': {k: getattr(config, k) for k in (*RUN_OPTIONS, 'out')},
-        'data': fingerprint,
-    }
-
-
-def resumed_config(folder: Path, given: dict) -> TrainConfig:
-    """The options to resume the run in `folder`: its own; raises ValueError listing every option in
-    `given` that would change it."""
-    run = read_run_config(folder)
-    if given.get('lr_find'):  # raises, saying why
-        check_config(replace(run, lr=None, lr_find=True, resume=str(folder)))
-    # a timeout, the thread count and test-time augmentation are not the run's: they may change
-    free = ('dist_timeout', 'threads', 'tta')
-    changed = {k: v for k, v in given.items() if k in (*RUN_OPTIONS, *free)}
-    asked = check_config(replace(run, **changed))
-    check_unchanged(folder, run, asked, given, RUN_OPTIONS, _comparable)
-    out = str(out_of(folder))
-    return replace(run, out=out, resume=str(folder), **{k: getattr(asked, k) for k in free})
-
 # %% ../nbs/A3b_train.ipynb #6986c4be
 class Trainer:
     """A training run: `Trainer(...)` checks it all and builds the learner, writing nothing; `fit()`
     trains and writes the run."""
 
     def __init__(self, cfg: TrainConfig | None = None, **kwargs):
-        given = _given(cfg, kwargs)
-        resume = _path_str('resume', given.get('resume'))
-        if resume is None and (restarted := restarted_run(_path_str('out', given.get('out')))):
-            # torchrun restarted the workers: go on from the run's checkpoint
-            resume = given['resume'] = str(restarted)
-        # the partial folder the run is written into (a new run's is claimed by fit)
-        self.folder = find_run(resume) if resume is not None else None
-        self.cfg = (
-            resumed_config(self.folder, given) if self.folder else TrainConfig(**given).check()
-        )
-        if self.cfg.lr_find and os.environ.get('WORLD_SIZE', '1') != '1':
-            raise ValueError(
-                "--lr-find runs in one process: find the lr with python -m exp.train --lr-find, "
-                "then give torchrun's run that --lr"
-            )
-        if self.folder is not None and os.environ.get('RANK', '0') == '0':  # rank 0 takes it
-            check_free(self.folder, resume)
-        self.out = out_of(self.folder) if self.folder else check_out(self.cfg.out)
+        # the options (to resume: the run's own), the partial folder it continues, the run folder
+        self.cfg, self.folder, self.out = resolve_run(cfg, kwargs)
         self.claim = self.history = self.config = self.saver = self.kept = self.tta = None
         self.stage = 'setting up'
         set_threads(self.cfg.threads, self.cfg.arch)
-        self.learn = _learner(self.cfg)
+        self.learn = _learner(self.cfg)  # the data and the model
         self.fingerprint = data_fingerprint(self.cfg.data)
-        if self.folder is not None:  # each checkpoint says which run, and which data, it is of
-            identity = run_identity(read_run_config(self.folder), self.fingerprint)
-            self.learn.run_identity = identity
-        ckpt = self.folder / CHECKPOINT if self.folder else None
-        # a run killed in its first epoch has none
-        self.checkpoint = ckpt if ckpt is not None and ckpt.is_file() else None
-        self.start_epoch = (
-            resume_epoch(self.learn, ckpt, self.cfg.arch, identity) if self.checkpoint else 0
+        self.checkpoint, self.start_epoch = resume_point(
+            self.learn, self.cfg, self.folder, self.fingerprint
         )
         # the epoch the run's checkpoint holds
         self.saved_epoch = self.start_epoch - 1 if self.checkpoint else None
         # under torchrun (notebook 12) rank 0 prints and writes the run; the others train alongside
-        self.rank = getattr(self.learn, 'rank', 0)
-        self.world_size = getattr(self.learn, 'world_size', 1)
+        self.rank, self.world_size = self.learn.rank, self.learn.world_size
 
     def describe(self, lr: float) -> str:
         "One line saying what is about to be trained."
@@ -416,16 +159,12 @@ class Trainer:
         if self.rank != 0:  # a torchrun worker besides rank 0: it trains, rank 0 writes
             self._train(self.learn.lr, [])
             return self.history[-1]
-        if self.folder is None:
-            new = claim_run_folder(self.out, more=self.cfg.out is None)
-            self.out, self.folder, self.claim = new
-        else:
-            self.claim = reclaim_run_folder(self.folder)  # a resumed run takes its folder back
+        self._claim()
         try:
             remove_stale_parts(self.folder)  # what a killed process was writing
             (self.folder / TRACEBACK).unlink(missing_ok=True)
             lr = self._pick_lr()
-            self.config = self._write_config(lr)
+            self.config = write_run_config(self.cfg, self.folder, self.out, lr)
             self.learn.run_identity = run_identity(self.config, self.fingerprint)
             print(self.describe(lr), flush=True)
             self.saver = SaveModelCallback(self.folder / CHECKPOINT, every='epoch')
@@ -446,6 +185,15 @@ class Trainer:
             raise
         return self.history[-1]
 
+    def _claim(self) -> None:
+        "Claim the run's partial folder: a new run's, named now; a resumed run takes its own back."
+        if self.folder is None:
+            self.out, self.folder, self.claim = claim_run_folder(
+                self.out, more=self.cfg.out is None
+            )
+        else:
+            self.claim = reclaim_run_folder(self.folder)
+
     def _pick_lr(self) -> float:
         "The lr to train at: given, the architecture's default, or the LR finder's (plot saved)."
         if not self.cfg.lr_find:
@@ -457,16 +205,6 @@ class Trainer:
         for pg in self.learn.opt.param_groups:  # the optimizer exists already: the finder built it
             pg['lr'] = lr
         return lr
-
-    def _write_config(self, lr: float) -> TrainConfig:
-        "The run's options, resolved, in config.json from the start: what --resume restores."
-        if self.cfg.resume is not None:
-            return read_run_config(self.folder)
-        cfg, data = self.cfg, self.cfg.data
-        data = data if data in KNOWN_DATA else str(Path(data).resolve())  # it may resume elsewhere
-        config = replace(cfg, data=data, lr=lr, fp16=resolve_fp16(cfg.fp16), out=str(self.out))
-        write_config(self.folder, config)
-        return config
 
     def _train(self, lr: float, cbs: list) -> None:
         "Fit the learner as the options say, with callbacks `cbs`, from the checkpoint if any."
@@ -480,26 +218,7 @@ class Trainer:
     def report(self, e: BaseException) -> str:
         """One line on the failure `e` of `fit`: what went wrong, what was kept, and the command
         that continues the run."""
-        where = self.stage
-        if self.stage == 'training':
-            # stopped before the fit's Runner exists (its optimizer being built): no epoch yet
-            epoch = getattr(self.learn.run, 'epoch', None)
-            where = 'as training began' if epoch is None else f"during epoch {epoch}"
-        return failure_line(e, where, self.kept, self.saved_epoch)
-
-
-def _given(cfg: TrainConfig | None, kwargs: dict) -> dict:
-    "The options given to Trainer: `kwargs`, or those `cfg` sets to other than the defaults."
-    if cfg is not None and kwargs:
-        raise TypeError("give Trainer a TrainConfig or options, not both")
-    if cfg is not None and not isinstance(cfg, TrainConfig):
-        raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
-    unknown = set(kwargs) - set(TrainConfig.__dataclass_fields__)
-    if unknown:
-        raise TypeError(f"Trainer got options it does not know: {', '.join(sorted(unknown))}")
-    if cfg is None:
-        return kwargs
-    return {k: v for k, v in asdict(cfg).items() if v != getattr(TrainConfig, k)}
+        return failure_report(e, self.stage, self.learn, self.kept, self.saved_epoch)
 
 
 def _learner(cfg: TrainConfig) -> Learner:
@@ -514,64 +233,6 @@ def _learner(cfg: TrainConfig) -> Learner:
             f"--data {cfg.data}: {first}; pass --data FOLDER holding the four IDX files, "
             f"or set {env} to a mirror that serves them"
         ) from None
-
-# %% ../nbs/A3b_train.ipynb #28ab94b1
-def make_parser() -> CommandLine:
-    """The command line's options: each one given is a field of TrainConfig; one not given is absent
-    (not its default)."""
-    d, yes_no = TrainConfig, argparse.BooleanOptionalAction
-    p = CommandLine(
-        program(),
-        prog=run_command(),
-        # so that --resume can tell the options given from the defaults
-        argument_default=argparse.SUPPRESS,
-        description="Train a model on MNIST-style digits; write metrics.csv, loss.png, lr.png, "
-        "model.pth and config.json to a run folder.",
-    )
-    sets = "mnist5k (embedded, offline), mnist, fashion, or a folder of four IDX files"
-    p.add_argument('--data', help=f"{sets} (default: {d.data})")
-    p.add_argument('--arch', help=f"model: mlp, cnn, simple_cnn or resnet (default: {d.arch})")
-    p.add_argument('--epochs', type=int, help=f"number of epochs (default: {d.epochs})")
-    bs = ', '.join(f"{arch} {r.bs}" for arch, r in RECIPES.items())
-    p.add_argument('--bs', type=int, help=f"batch size (default: {bs})")
-    lrs = ', '.join(f"{arch} {lr:g}" for arch, lr in DEFAULT_LRS.items())
-    p.add_argument(
-        '--lr', type=float, help=f"learning rate, the peak of one-cycle (default: {lrs})"
-    )
-    p.add_argument('--lr-find', action=yes_no, help="pick the learning rate with the LR finder")
-    cycle = "one-cycle schedule of lr and momentum (the default); --no-one-cycle: constant lr"
-    p.add_argument('--one-cycle', action=yes_no, help=cycle)
-    fp16 = "mixed precision: auto (on with a GPU, off on CPU), on, off or bf16"
-    p.add_argument('--fp16', help=f"{fp16} (default: {d.fp16})")
-    seed = "random seed: the same seed on the same machine gives the same run"
-    p.add_argument('--seed', type=int, help=f"{seed} (default: {d.seed})")
-    p.add_argument('--out', help="run folder to create (default: runs/<timestamp>)")
-    wait = "under torchrun: how long a process waits for its peers, and for the rendezvous"
-    wait += f" (default: {d.dist_timeout:g})"
-    p.add_argument('--dist-timeout', type=float, metavar='SECONDS', help=wait)
-    resume = (
-        "continue an unfinished run (its folder, as the trainer named it), with the options it "
-    )
-    p.add_argument('--resume', metavar='RUN', help=resume + "started with")
-
-    # appendix A13's options: an arch's recipe gives the defaults of those that have one
-    def recipe(key: str) -> str:
-        return ', '.join(f"{arch} {getattr(r, key)}" for arch, r in RECIPES.items())
-
-    p.add_argument(
-        '--opt', help=f"optimizer: sgd (momentum 0.9) or adamw (default: {recipe('opt')})"
-    )
-    p.add_argument('--wd', type=float, help=f"weight decay (default: {recipe('wd')})")
-    aug = "augment the training batches: none, or some of crop, flip, erase joined by commas"
-    p.add_argument('--aug', help=f"{aug} (default: {d.aug})")
-    tta = "also report the accuracy with test-time augmentation (each image and its mirror)"
-    p.add_argument('--tta', action=yes_no, help=tta)
-    p.add_argument('--mixup', type=float, metavar='ALPHA', help="mixup's alpha (default: 0, off)")
-    smooth = "label smoothing's eps (default: 0, off)"
-    p.add_argument('--label-smoothing', type=float, metavar='EPS', help=smooth)
-    threads = "torch threads (default: OMP_NUM_THREADS if set, else 1; resnet: one per core)"
-    p.add_argument('--threads', type=int, help=threads)
-    return p
 
 # %% ../nbs/A3b_train.ipynb #a3b00003
 def main(argv: list[str] | None = None) -> None:
