@@ -6,8 +6,6 @@
 from __future__ import annotations
 
 import argparse
-import math
-import os
 from dataclasses import asdict, dataclass, replace
 from numbers import Real
 from pathlib import Path
@@ -15,6 +13,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from .checks import check_bool, check_choice, check_path, check_positive
 from .cnn import default_device
 from .data import KNOWN_DATA, MAX_SEED, CommandLine
 from .recipes import RECIPES, check_aug, check_label_smoothing, check_mixup, check_opt
@@ -99,18 +98,15 @@ class TrainConfig:
         return replace(self, dist_timeout=timeout, **checked)
 
 # %% ../nbs/A3c_options.ipynb #a3c00008
+# the generic checks are exp.checks' (appendix A14), each naming the option as it is typed
 def _choice(name: str, value, choices: tuple) -> str:
     "`value` if it is one of `choices`; else raise naming the option."
-    if value not in choices:
-        raise ValueError(f"{flag(name)} must be one of {', '.join(choices)}; got {value!r}")
-    return value
+    return check_choice(flag(name), value, choices, rule=f"one of {', '.join(choices)}")
 
 
 def _positive(name: str, value, what: str = 'a number') -> float:
     "`value` as a float if it is a finite number > 0; else raise naming the option."
-    if isinstance(value, bool) or not isinstance(value, Real) or not 0 < value < math.inf:
-        raise ValueError(f"{flag(name)} must be {what} > 0, got {value!r}")
-    return float(value)
+    return check_positive(flag(name), value, rule=f'{what} > 0')
 
 
 def _count(name: str, value, minimum: int, maximum: int | None = None) -> int:
@@ -127,18 +123,12 @@ def _count(name: str, value, minimum: int, maximum: int | None = None) -> int:
 
 def _path_str(name: str, value) -> str | None:
     "`value` (a str or a path) as a non-empty str, or None."
-    if value is None:
-        return None
-    if not isinstance(value, (str, os.PathLike)) or not str(value):
-        raise ValueError(f"{flag(name)} must be a path, got {value!r}")
-    return str(value)
+    return check_path(flag(name), value, optional=True)
 
 
 def _bool(name: str, value) -> bool:
     "`value` if it is a bool; else raise naming the option (a string 'False' would be true)."
-    if not isinstance(value, bool):
-        raise ValueError(f"{flag(name)} must be True or False, got {value!r}")
-    return value
+    return check_bool(flag(name), value)
 
 
 def check_config(cfg: TrainConfig) -> TrainConfig:
