@@ -8,6 +8,7 @@ in `bench/README.md` come from it.
 
     python bench/fashion_results.py --rows 5ep --seeds 0 1 2
     python bench/fashion_results.py --rows 20ep-aug --seeds 0 1 2
+    python bench/fashion_results.py --rows 20ep-aug 20ep-aug-ls --threads 1   # on a shared machine
 """
 
 import argparse
@@ -25,16 +26,20 @@ ROWS = {
     '5ep': ['--epochs', '5'],
     '20ep-aug': ['--epochs', '20', '--aug', 'crop,flip', '--tta'],
     '20ep-aug-erase': ['--epochs', '20', '--aug', 'crop,flip,erase', '--tta'],
+    '20ep-aug-ls': ['--epochs', '20', '--aug', 'crop,flip', '--label-smoothing', '0.1', '--tta'],
 }
 ACCURACY = re.compile(r'^valid accuracy: ([0-9.]+)', re.M)
 TTA = re.compile(r'^valid accuracy with test-time augmentation[^:]*: ([0-9.]+)', re.M)
 
 
-def run(options: list[str], seed: int, out: Path) -> tuple[float, float | None, float]:
+def run(
+    options: list[str], seed: int, out: Path, threads: int | None = None
+) -> tuple[float, float | None, float]:
     """One trainer run: its accuracy, its accuracy with test-time augmentation (or None), and its
     wall time in seconds."""
     cmd = [sys.executable, '-m', 'exp.train', '--data', 'fashion', '--arch', 'resnet', *options]
     cmd += ['--seed', str(seed), '--out', str(out)]
+    cmd += ['--threads', str(threads)] if threads else []
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -52,15 +57,22 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--rows', nargs='+', choices=list(ROWS), default=['5ep'], help='default: 5ep')
     p.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2], help='default: 0 1 2')
+    p.add_argument('--threads', type=int, help="torch threads (default: the trainer's)")
     args = p.parse_args(argv)
-    print(f"cpus: {os.cpu_count()}, torch threads: the trainer's default for the ResNet\n")
+    threads = args.threads or "the trainer's default for the ResNet"
+    print(f"cpus: {os.cpu_count()}, torch threads: {threads}\n")
     print('| command | seeds | test accuracy per seed | median | minutes per run |')
     print('|---|---|---|---|---|')
     with tempfile.TemporaryDirectory() as d:
         for name in args.rows:
-            results = [run(ROWS[name], s, Path(d) / f'{name}-{s}') for s in args.seeds]
+            results = [
+                run(ROWS[name], s, Path(d) / f'{name}-{s}', args.threads) for s in args.seeds
+            ]
             accs = [tta if tta is not None else acc for acc, tta, _ in results]
-            cmd = ' '.join(['python -m exp.train --data fashion --arch resnet', *ROWS[name]])
+            given = ['--threads', str(args.threads)] if args.threads else []
+            cmd = ' '.join(
+                ['python -m exp.train --data fashion --arch resnet', *ROWS[name], *given]
+            )
             each = ', '.join(f'{a:.4f}' for a in accs)
             minutes = ', '.join(f'{w / 60:.1f}' for *_, w in results)
             seeds = ' '.join(map(str, args.seeds))
