@@ -910,3 +910,68 @@ def test_a_loss_that_is_not_one_number_is_refused():
         lambda: Runner().fit(1, learn),
         contains="the loss function must return one number (a 0-d tensor), got shape (4,)",
     )
+
+
+def test_a_process_that_does_not_print_logs_nothing_and_shows_no_bars(capsys):
+    "run.prints follows the learner's rank: rank 1 logs no row and draws no bar; rank 0 does both."
+    from exp.progress import ProgressCallback
+
+    for rank, prints in ((0, True), (1, False)):
+        rows, learn = [], make_learner(metrics=[accuracy])
+        learn.rank = rank
+        run = Runner(cbs=[ProgressCallback('text')])
+        run.fit(2, learn)
+        ft.test_eq(run.prints, prints)
+        ft.test_eq(run.progress.mode, 'text' if prints else 'off')
+        out = capsys.readouterr().out
+        ft.test_eq(out.count('\n'), 3 if prints else 0)  # the header and two rows, or nothing
+        rows = []
+        run = Runner()
+        run.logger = rows.append
+        run.fit(1, learn)
+        ft.test_eq(len(rows), 2 if prints else 0)
+
+
+def test_probe_is_said_by_a_callback_and_read_from_the_runner():
+    "run.probe is true in a fit with the LR finder (or any callback with probe = True), else false."
+    from exp.early_stopping import LRFinder
+
+    ft.test_eq(Runner().probe, False)
+    ft.test_eq(Runner(cbs=[LRFinder(max_iter=3)]).probe, True)
+
+    class Probing(Callback):  # not `Probe`: its name, probe, is the runner's attribute
+        probe = True
+
+    ft.test_eq(Runner(cbs=[Probing()]).probe, True)
+
+
+def test_avg_stats_reduce_passes_its_sums_and_count_through_a_function():
+    "AvgStats.reduce(fn) replaces the sums and the count by fn of them (float64: loss, metrics, n)."
+    learn = make_learner(metrics=[accuracy])
+    run = Runner()
+    run.fit(1, learn)
+    stats = run.avg_stats.valid_stats
+    sums, count, avgs = [float(s) for s in stats.all_stats], stats.count, stats.avg_stats
+    seen = []
+    stats.reduce(lambda t: (seen.append(t.clone()), t * 3)[1])
+    ft.test_eq(seen[0].dtype, torch.float64)
+    ft.test_close(seen[0], torch.tensor([*sums, count], dtype=torch.float64))
+    ft.test_eq(stats.count, 3 * count)
+    ft.test_close(stats.avg_stats, avgs, eps=1e-6)
+
+
+def test_pct_train_is_the_fraction_of_training_done():
+    "run.pct_train = n_epochs / epochs: 0 at the start, 1 at the end, by training batch in between."
+    seen = []
+
+    class Watch(Callback):
+        def after_batch(self):
+            if self.in_train:
+                seen.append((self.run.pct_train, self.n_epochs / self.epochs))
+
+    run = Runner(cbs=[Watch()])
+    ft.test_eq(run.pct_train, 0.0)
+    run.fit(2, make_learner())
+    ft.test_eq([p for p, _ in seen], [q for _, q in seen])
+    ft.test_close(seen[-1][0], 1.0)
+    ft.test_close(seen[0][0], 1 / (2 * len(run.data.train_dl)))
