@@ -8,7 +8,6 @@ from __future__ import annotations
 import atexit
 import gc
 import inspect
-import math
 import os
 import re
 import socket
@@ -24,6 +23,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .callbacks import Callback, Learner
+from .checks import check_int, check_positive
 from .cnn import DeviceCallback
 from .minibatch import DataLoader, Sampler
 
@@ -45,10 +45,8 @@ def launch(
 ) -> subprocess.CompletedProcess:
     """Run `torchrun --standalone --nproc_per_node nproc [--max-restarts N] script args`
     (`script='-m'` and a module in `args` also works)."""
-    if not isinstance(nproc, int) or nproc <= 0:
-        raise ValueError(f"nproc must be a positive int, got {nproc!r}")
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise ValueError(f"max_restarts must be an int >= 0, got {max_restarts!r}")
+    check_int('nproc', nproc, 1, rule='a positive int')
+    check_int('max_restarts', max_restarts, 0)
     # --tee 3: torchrun passes on each process's output line by line, each line tagged with its
     # rank: '[default1]:...'
     cmd = [
@@ -285,14 +283,10 @@ def validate_shards(
 ) -> int:
     """ShardedSampler's arguments checked (a ValueError or TypeError naming the bad one); returns
     the number of samples in `ds`."""
-    if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0:
-        raise ValueError(f"bs must be a positive int, got {bs!r}")
-    if not isinstance(num_replicas, int) or num_replicas <= 0:
-        raise ValueError(f"num_replicas must be a positive int, got {num_replicas!r}")
-    if not isinstance(rank, int) or not 0 <= rank < num_replicas:
-        raise ValueError(f"rank must be an int in [0, {num_replicas}), got {rank!r}")
-    if not isinstance(seed, int):
-        raise TypeError(f"seed must be an int, got {seed!r}")
+    check_int('bs', bs, 1, rule='a positive int')
+    check_int('num_replicas', num_replicas, 1, rule='a positive int')
+    check_int('rank', rank, 0, num_replicas - 1, rule=f'an int in [0, {num_replicas})')
+    check_int('seed', seed, wrong_type=TypeError)
     if drop_last and not even:
         raise ValueError("drop_last evens the shards by dropping samples: it needs even=True")
     n = len(ds)
@@ -330,14 +324,9 @@ def validate_launch(timeout: float, seed: int | None) -> dict[str, int | str]:
             "set): "
             "launch with `torchrun --nproc_per_node N script.py` (or `-m module`)"
         )
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not 0 < timeout < math.inf
-    ):
-        raise ValueError(f"timeout must be a number of seconds > 0, got {timeout!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise TypeError(f"seed must be an int, got {seed!r}")
+    check_positive('timeout', timeout, rule='a number of seconds > 0')
+    if seed is not None:
+        check_int('seed', seed, wrong_type=TypeError)
     return env
 
 

@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import copy
 import difflib
-import math
 import re
 from contextlib import contextmanager
 from functools import cache
-from numbers import Real
 from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 from fastcore.basics import listify
 from torch import nn
+
+from .checks import check_int, check_positive
 
 # %% auto #0
 __all__ = ['EVENTS', 'camel2snake', 'check_events', 'check_relations', 'sort_callbacks', 'EventTable', 'make_cbs',
@@ -262,10 +262,8 @@ def check_callback(run, cb, base: type) -> None:
 
 def check_fit_args(epochs: int, start_epoch: int, cb_states: dict | None) -> None:
     "Raise unless `epochs` >= `start_epoch` >= 0 are ints and `cb_states` is None or a dict."
-    if not isinstance(epochs, int) or epochs < 0:
-        raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
-    if not isinstance(start_epoch, int) or not 0 <= start_epoch <= epochs:
-        raise ValueError(f"start_epoch must be an int in [0, epochs={epochs}], got {start_epoch!r}")
+    check_int('epochs', epochs, 0)
+    check_int('start_epoch', start_epoch, 0, epochs, rule=f'an int in [0, epochs={epochs}]')
     if cb_states is not None and not isinstance(cb_states, dict):
         raise TypeError(
             "cb_states must be a dict of callback states (from callback_states), got "
@@ -304,8 +302,7 @@ def check_learner_args(
         raise TypeError(
             f"data must be a DataBunch (with train_dl and valid_dl), got {type(data).__name__}"
         )
-    if isinstance(lr, bool) or not isinstance(lr, Real) or not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
+    check_positive('lr', lr)
     metrics, cbs = listify(metrics), make_cbs(cbs, cb_funcs)
     for m in metrics:
         if not callable(m):
