@@ -27,6 +27,15 @@ ROWS = {
     '20ep-aug': ['--epochs', '20', '--aug', 'crop,flip', '--tta'],
     '20ep-aug-erase': ['--epochs', '20', '--aug', 'crop,flip,erase', '--tta'],
     '20ep-aug-ls': ['--epochs', '20', '--aug', 'crop,flip', '--label-smoothing', '0.1', '--tta'],
+    '20ep-erase-ls': [
+        '--epochs',
+        '20',
+        '--aug',
+        'crop,flip,erase',
+        '--label-smoothing',
+        '0.1',
+        '--tta',
+    ],
 }
 ACCURACY = re.compile(r'^valid accuracy: ([0-9.]+)', re.M)
 TTA = re.compile(r'^valid accuracy with test-time augmentation[^:]*: ([0-9.]+)', re.M)
