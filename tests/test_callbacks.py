@@ -917,7 +917,7 @@ def test_a_process_that_does_not_print_logs_nothing_and_shows_no_bars(capsys):
     from exp.progress import ProgressCallback
 
     for rank, prints in ((0, True), (1, False)):
-        rows, learn = [], make_learner(metrics=[accuracy])
+        learn = make_learner(metrics=[accuracy])
         learn.rank = rank
         run = Runner(cbs=[ProgressCallback('text')])
         run.fit(2, learn)

@@ -12,6 +12,7 @@ import ast
 import inspect
 import re
 import textwrap
+from functools import cache
 
 from tools.notebooks import ROOT
 
@@ -22,13 +23,15 @@ END = '<!-- made by python -m tools.architecture: end -->'
 SOURCE = re.compile(r'File to edit: \.\./nbs/(\w+)\.ipynb')
 
 
+@cache
 def notebook_of(module: str) -> str:
     "The notebook an exp module is exported from (its stem), from the module's header."
     m = SOURCE.search((EXP / f'{module}.py').read_text())
     return m[1] if m else '-'
 
 
-def modules() -> list[str]:
+@cache
+def modules() -> tuple[str, ...]:
     "The exp modules exported from a notebook (not the package's own files)."
     return sorted(
         p.stem
@@ -37,7 +40,8 @@ def modules() -> list[str]:
     )
 
 
-def imports(module: str) -> set[str]:
+@cache
+def imports(module: str) -> frozenset[str]:
     "The exp modules `module` imports, anywhere in its code."
     tree, found = ast.parse((EXP / f'{module}.py').read_text()), set()
     for node in ast.walk(tree):
@@ -52,7 +56,7 @@ def imports(module: str) -> set[str]:
                 found.update(a.name for a in node.names)
         elif isinstance(node, ast.Import):
             found.update(a.name.split('.')[1] for a in node.names if a.name.startswith('exp.'))
-    return found & set(modules()) - {module}
+    return frozenset(found & set(modules()) - {module})
 
 
 def layers() -> list[list[str]]:
