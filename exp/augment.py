@@ -17,6 +17,7 @@ from .callbacks import AvgStatsCallback, Callback, DataBunch, Learner, Runner
 from .checkpoint import SaveModelCallback
 from .checks import check_choice, check_fraction, check_int, check_positive
 from .cnn import BatchTransformXCallback, DeviceCallback
+from .download import DATASETS
 from .loss import log_softmax
 
 # %% auto #0
@@ -25,9 +26,8 @@ __all__ = ['FASHION_CLASSES', 'random_crop', 'flip_lr', 'random_flip', 'random_e
            'LabelSmoothingCrossEntropy']
 
 # %% ../nbs/14_augment.ipynb #18a4e2e2
-# the names of Fashion-MNIST's labels 0 to 9
-FASHION_CLASSES = tuple('T-shirt/top Trouser Pullover Dress Coat Sandal Shirt Sneaker Bag'.split())
-FASHION_CLASSES += ('Ankle boot',)
+# the names of Fashion-MNIST's labels 0 to 9, as the downloader (appendix A1) lists them
+FASHION_CLASSES = DATASETS['fashion']['classes']
 
 # %% ../nbs/14_augment.ipynb #5e1940f9
 def _check_images(x) -> None:

@@ -198,6 +198,10 @@ def test_random_flip_refuses_a_bad_p():
 
 
 def test_fashion_classes():
+    # one list of the names, the downloader's: the lesson's grid and `python -m exp.data` agree
+    from exp.download import DATASETS
+
+    assert FASHION_CLASSES is DATASETS['fashion']['classes']
     assert len(FASHION_CLASSES) == 10 and FASHION_CLASSES[9] == 'Ankle boot'
 
 
