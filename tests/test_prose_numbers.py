@@ -24,19 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from tools.notebooks import is_appendix, notebooks
+
 ROOT = Path(__file__).resolve().parents[1]
-# the lessons this convention holds for (10_learner is to join them)
-LESSONS = [
-    '04_callbacks',
-    '05_anneal',
-    '06_early_stopping',
-    '07_progress',
-    '08_cnn',
-    '08a_hooks_init',
-    '08b_batchnorm',
-    '09_fp16',
-    '12_distributed',
-]
+# the lessons this convention holds for: every one, as tests/test_lessons.py lists them
+LESSONS = [nb.stem for nb in notebooks() if not is_appendix(nb)]
 FIGURE_RE = re.compile(
     r'(?<![\w.])(\d+\.\d+)(?=x\b|\s+times\b|%)|(?<![\w.\-])(\d+\.\d{2,})(?![\w.]|\.\d)'
 )
@@ -44,6 +36,11 @@ NUMBER_RE = re.compile(r'\d+(?:,\d{3})*(?:\.\d+)?')
 HEADING_RE = re.compile(r'^#{2,3} ', re.M)
 # (notebook, figure): what it is, where it is not a measurement
 NOT_MEASURED = {
+    ('02_cross_entropy', '0.001'): "float32's spacing near 10,000 (2**-10), a constant",
+    ('02_cross_entropy', '0.90'): 'the threshold of the final check, a setting',
+    ('03b_optimizers', '0.99'): 'a beta of the EWMA plots and checks, a setting',
+    ('03b_optimizers', '0.01'): 'a learning rate (momentum in words, exercise 3), a setting',
+    ('03b_optimizers', '0.999'): "Adam's second beta, a setting",
     ('04_callbacks', '0.90'): 'a threshold the exercise sets',
     ('05_anneal', '0.95'): "one-cycle's starting momentum, a setting",
     ('05_anneal', '0.85'): "one-cycle's lowest momentum, a setting",
@@ -62,9 +59,21 @@ NOT_MEASURED = {
     ('09_fp16', '0.16'): "the table's 2.54 - 2.38 GiB",
     ('09_fp16', '0.26'): 'the half copy of the MLP: 140.7 million weights of 2 bytes',
     ('09_fp16', '2.13'): "torch's version",
+    ('10_learner', '0.963'): "fastai v1's documented accuracy for its example",
+    ('13_resnet', '0.01'): "the one-cycle schedule's peak lr, a setting",
+    ('13_resnet', '0.928'): "course22p2's published result (its ResNet, 5 epochs, on a GPU)",
 }
 # (notebook, markdown cell id): the benchmark output its figures come from
-FROM_FILE = {('09_fp16', '29d8a2a2'): 'bench/results/gpu-h200-2026-12-04.txt'}
+FROM_FILE = {
+    ('03_minibatch_training', '72f8508d'): 'bench/results/lesson-seeds-cpu-2026-12-07.txt',
+    ('03_minibatch_training', 'de6cf2f7'): 'bench/results/lesson-seeds-cpu-2026-12-07.txt',
+    ('03b_optimizers', 'ed4031c0'): 'bench/results/lesson-seeds-cpu-2026-12-07.txt',
+    ('03b_optimizers', '313037ae'): 'bench/results/lesson-seeds-cpu-2026-12-07.txt',
+    ('09_fp16', '29d8a2a2'): 'bench/results/gpu-h200-2026-12-04.txt',
+    # bench/seed_example.py's figures, in the table of its section
+    ('10_learner', 'b3ddef65'): 'bench/README.md',
+    ('10_learner', '39f4d096'): 'bench/README.md',
+}
 
 # figures pinned to the column that prints them, where a number alone could match another column:
 # (notebook, cell id of the prose, a regex of the figure in it, cell id of the output, a regex of
