@@ -26,8 +26,13 @@ memory format (ours through a batch transform), against the same hand loop in ch
 `channels_last_ratio` is ours / hand there, `channels_last_speedup` the hand loop's time in the
 default format over its time in channels_last.
 
+With --compile both contenders train one model compiled by `torch.compile` (inductor, its
+default), kept from round to round so that it compiles once, in the warm-up run (`compile_s`):
+`compiled_ratio` is ours / hand with it, `compile_speedup` the hand loop's time eager over its
+time compiled. Compiled kernels round differently, so these runs are not checked bit for bit.
+
     python bench/bench_resnet.py [--batches 20] [--valid-batches 2] [--rounds 3] [--bs 256]
-                                 [--threads 1] [--channels-last]
+                                 [--threads 1] [--channels-last] [--compile]
 """
 
 import argparse
@@ -68,6 +73,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument('--bs', type=int, default=256, help='training batch size')
     ap.add_argument('--threads', type=int, default=1, help='torch threads')
     ap.add_argument('--channels-last', action='store_true', help='also time both in channels_last')
+    ap.add_argument('--compile', action='store_true', help='also time both with torch.compile')
     args = ap.parse_args(argv)
     for name in ('batches', 'valid_batches'):
         if getattr(args, name) < 0:
@@ -105,12 +111,13 @@ class Bench:
         model = resnet()
         return model.to(memory_format=torch.channels_last) if channels_last else model
 
-    def ours(self, channels_last: bool = False):
-        "`learn.fit(1)` as a user writes it: the model and the table's four averages."
+    def ours(self, channels_last: bool = False, model=None):
+        """`learn.fit(1)` as a user writes it: the model and the table's four averages (on
+        `model` where given, else on a fresh one)."""
         cbs = [BatchTransformXCallback(_channels_last)] if channels_last else []
         learn = Learner(
             DataBunch(*self.loaders(), c=10),
-            self.model(channels_last),
+            self.model(channels_last) if model is None else model,
             lr=LR,
             opt_func=lambda params, lr: AdamW(params, lr=lr, weight_decay=WD),
             metrics=[accuracy],
@@ -123,9 +130,10 @@ class Bench:
         keys = ('train_loss', 'train_accuracy', 'valid_loss', 'valid_accuracy')
         return learn.model, [row[k] for k in keys]
 
-    def by_hand(self, channels_last: bool = False):
-        "The loop a careful engineer writes, with the same sums: the model and the four averages."
-        model = self.model(channels_last)
+    def by_hand(self, channels_last: bool = False, model=None):
+        """The loop a careful engineer writes, with the same sums: the model and the four averages
+        (on `model` where given, else on a fresh one)."""
+        model = self.model(channels_last) if model is None else model
         opt = AdamW(model.parameters(), lr=LR, weight_decay=WD)
         train_dl, valid_dl = self.loaders()
         sums = [torch.zeros(()) for _ in range(4)]
@@ -237,6 +245,13 @@ def main(argv=None) -> None:
     if args.channels_last:
         check_same(bench.ours(True), bench.by_hand(True), 'in channels_last')
         fns += [lambda: bench.ours(True), lambda: bench.by_hand(True)]
+    if args.compile:
+        compiled = torch.compile(bench.model(False))
+        t0 = CLOCK()
+        bench.by_hand(model=compiled)  # compiles: the training graph and the validation one
+        report('compile_s', CLOCK() - t0, '.1f')
+        first = len(fns)
+        fns += [lambda: bench.ours(model=compiled), lambda: bench.by_hand(model=compiled)]
     fastai = fastai_contender(bench)
     if callable(fastai):
         fns.append(fastai)
@@ -260,6 +275,12 @@ def main(argv=None) -> None:
             statistics.median(h / c for h, c in zip(hand, hand_cl)),
             '.3f',
         )
+    if args.compile:
+        ours_c, hand_c = times[first], times[first + 1]
+        report('compiled_ours_s', statistics.median(ours_c), '.2f')
+        report('compiled_hand_s', statistics.median(hand_c), '.2f')
+        ratio_line('compiled_ratio', ours_c, hand_c)
+        report('compile_speedup', statistics.median(h / c for h, c in zip(hand, hand_c)), '.3f')
     if callable(fastai):
         report('fastai_s', statistics.median(times[-1]), '.2f')
         ratio_line('fastai_ratio', times[-1], hand)

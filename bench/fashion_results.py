@@ -9,6 +9,7 @@ in `bench/README.md` come from it.
     python bench/fashion_results.py --rows 5ep --seeds 0 1 2
     python bench/fashion_results.py --rows 20ep-aug --seeds 0 1 2
     python bench/fashion_results.py --rows 20ep-aug 20ep-aug-ls --threads 1   # on a shared machine
+    python bench/fashion_results.py --rows 20ep-aug-ls-lr2
 """
 
 import argparse
@@ -27,6 +28,11 @@ ROWS = {
     '20ep-aug': ['--epochs', '20', '--aug', 'crop,flip', '--tta'],
     '20ep-aug-erase': ['--epochs', '20', '--aug', 'crop,flip,erase', '--tta'],
     '20ep-aug-ls': ['--epochs', '20', '--aug', 'crop,flip', '--label-smoothing', '0.1', '--tta'],
+    # course22p2's peak lr for its 50-epoch run, twice the 5-epoch recipe's
+    '20ep-aug-ls-lr2': [
+        *('--epochs', '20', '--aug', 'crop,flip', '--label-smoothing', '0.1'),
+        *('--lr', '0.02', '--tta'),
+    ],
     '20ep-erase-ls': [
         '--epochs',
         '20',
