@@ -58,6 +58,7 @@ class TrainConfig:
     tta: bool = False  # report the accuracy with test-time augmentation (flip) too
     mixup: float = 0.0  # mixup's alpha (0: off)
     label_smoothing: float = 0.0
+    channels_last: bool = False  # the model and batches in channels_last memory format
     threads: int | None = None  # torch threads; None: OMP_NUM_THREADS if set, else the recipe's
 
     def check(self) -> TrainConfig:
@@ -95,6 +96,7 @@ class TrainConfig:
         mixup, smoothing = check_mixup(self.mixup), check_label_smoothing(self.label_smoothing)
         checked |= dict(opt=opt, wd=wd, aug=check_aug(self.aug), tta=tta, mixup=mixup)
         checked |= dict(label_smoothing=smoothing, threads=threads)
+        checked |= dict(channels_last=_bool('channels_last', self.channels_last))
         return replace(self, dist_timeout=timeout, **checked)
 
 # %% ../nbs/A3c_options.ipynb #a3c00008
@@ -246,6 +248,8 @@ def make_parser() -> CommandLine:
     p.add_argument('--mixup', type=float, metavar='ALPHA', help="mixup's alpha (default: 0, off)")
     smooth = "label smoothing's eps (default: 0, off)"
     p.add_argument('--label-smoothing', type=float, metavar='EPS', help=smooth)
+    layout = "the model and batches in channels_last memory format (faster convolutions on a CPU)"
+    p.add_argument('--channels-last', action=yes_no, help=layout)
     threads = "torch threads (default: OMP_NUM_THREADS if set, else 1; resnet: one per core)"
     p.add_argument('--threads', type=int, help=threads)
     return p

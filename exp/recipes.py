@@ -18,14 +18,15 @@ from torch import Tensor, nn
 from .augment import BatchTransform, LabelSmoothingCrossEntropy, MixUp, get_tta
 from .augment import random_crop, random_erase, random_flip
 from .callbacks import Callback, DataBunch, Learner
-from .checks import check_choice, check_fraction, check_int, check_number
+from .checks import check_bool, check_choice, check_fraction, check_int, check_number
+from .cnn import BatchTransformXCallback
 from .optimizers import SGD, AdamW
 from .resnet import resnet
 
 # %% auto #0
 __all__ = ['RECIPES', 'OPTIMIZERS', 'AUGMENTS', 'TRANSFORMS', 'Recipe', 'check_opt', 'check_wd', 'check_aug', 'check_mixup',
-           'check_label_smoothing', 'check_threads', 'resnet_for', 'opt_func', 'loss_func', 'train_callbacks',
-           'set_threads', 'tta_accuracy']
+           'check_label_smoothing', 'check_threads', 'resnet_for', 'opt_func', 'loss_func', 'to_channels_last',
+           'ChannelsLast', 'train_callbacks', 'set_threads', 'tta_accuracy']
 
 # %% ../nbs/A13_recipes.ipynb #1de59a85
 @dataclass(frozen=True)
@@ -118,11 +119,32 @@ def loss_func(label_smoothing: float) -> Callable[[Tensor, Tensor], Tensor]:
     return LabelSmoothingCrossEntropy(eps) if eps else F.cross_entropy
 
 
-def train_callbacks(aug: str, mixup: float) -> list[Callback]:
-    "The callbacks of augmentation `aug` (see check_aug) and of mixup with alpha `mixup` (0: none)."
+def to_channels_last(x: Tensor) -> Tensor:
+    "A batch of images `(N, C, H, W)` in channels_last memory format; other tensors as they are."
+    return x.contiguous(memory_format=torch.channels_last) if x.dim() == 4 else x
+
+
+class ChannelsLast(BatchTransformXCallback):
+    """The model at `begin_fit`, and every batch, training and validation, in channels_last memory
+    format: the batch after the callbacks that change it (augmentation, mixup)."""
+
+    _order = 10
+
+    def __init__(self):
+        super().__init__(to_channels_last)
+
+    def begin_fit(self):
+        # in place, as DeviceCallback moves it: the parameters stay the optimizer's
+        self.model.to(memory_format=torch.channels_last)
+
+
+def train_callbacks(aug: str, mixup: float, channels_last: bool = False) -> list[Callback]:
+    """The callbacks of augmentation `aug` (see check_aug), of mixup with alpha `mixup` (0: none)
+    and, if `channels_last`, ChannelsLast."""
     aug, alpha = check_aug(aug), check_mixup(mixup)
     cbs = [] if aug == 'none' else [BatchTransform([TRANSFORMS[n] for n in aug.split(',')])]
-    return cbs + ([MixUp(alpha)] if alpha else [])
+    cbs += [MixUp(alpha)] if alpha else []
+    return cbs + ([ChannelsLast()] if check_bool('channels_last', channels_last) else [])
 
 
 def set_threads(threads: int | None, arch: str) -> int:

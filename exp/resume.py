@@ -24,7 +24,7 @@ __all__ = ['RUN_OPTIONS', 'write_run_config', 'read_run_config', 'resumed_config
 # %% ../nbs/A3d_resume.ipynb #a3d00007
 # what a resumed run may not change
 RUN_OPTIONS = ('data', 'arch', 'epochs', 'bs', 'lr', 'one_cycle', 'fp16', 'seed')
-RUN_OPTIONS += ('opt', 'wd', 'aug', 'mixup', 'label_smoothing')
+RUN_OPTIONS += ('opt', 'wd', 'aug', 'mixup', 'label_smoothing', 'channels_last')
 
 
 def write_run_config(cfg: TrainConfig, folder: Path, out: Path, lr: float) -> TrainConfig:

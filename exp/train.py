@@ -102,7 +102,7 @@ def build_learner(cfg: TrainConfig, data: DataBunch | None = None) -> Learner:
         loss_func=loss_func(cfg.label_smoothing),
         opt_func=opt_func(cfg.opt, cfg.wd),
         metrics=[accuracy],
-        cbs=[DeviceCallback(device), *train_callbacks(cfg.aug, cfg.mixup)],
+        cbs=[DeviceCallback(device), *train_callbacks(cfg.aug, cfg.mixup, cfg.channels_last)],
     )
     mode = resolve_fp16(cfg.fp16, device)
     if mode == 'on':
@@ -144,6 +144,7 @@ class Trainer:
         elif self.start_epoch:
             epochs += f', resuming at epoch {self.start_epoch}'
         schedule = 'one-cycle, peak lr' if cfg.one_cycle else 'lr'
+        precision += ', channels_last' if cfg.channels_last else ''
         processes = f", {self.world_size} processes" if self.world_size > 1 else ''
         sizes = f"{len(data.train_ds)} train, {len(data.valid_ds)} valid, {data.c} classes"
         return (

@@ -13,11 +13,12 @@ from fastcore import test as ft  # fastcore.test.test_eq would be collected by p
 from exp.augment import BatchTransform, LabelSmoothingCrossEntropy, MixUp, random_flip
 from exp.callbacks import Callback, DataBunch
 from exp.data import IDX_FILES, get_data, write_idx
+from exp.learner import Learner  # with notebook 10's fit
 from exp.minibatch import Dataset, get_dls
 from exp.optimizers import SGD, AdamW
 from exp.recipes import AUGMENTS, OPTIMIZERS, RECIPES, check_aug, check_label_smoothing
 from exp.recipes import check_mixup, check_opt, check_threads, check_wd, loss_func, opt_func
-from exp.recipes import resnet_for, set_threads, train_callbacks
+from exp.recipes import ChannelsLast, resnet_for, set_threads, to_channels_last, train_callbacks
 from exp.train import CHECKPOINT, Trainer
 
 
@@ -93,6 +94,63 @@ def test_train_callbacks():
     ft.test_eq(flip.tfms, [random_flip])
     with pytest.raises(ValueError, match='--aug'):
         train_callbacks('mirror', 0)
+
+
+def test_channels_last_comes_after_the_batch_transforms():
+    cbs = train_callbacks('crop,flip', 0.4, True)
+    ft.test_eq([type(cb) for cb in cbs], [BatchTransform, MixUp, ChannelsLast])
+    assert all(cb._order < cbs[-1]._order for cb in cbs[:-1])
+    ft.test_eq(train_callbacks('none', 0, True)[0].tfm, to_channels_last)
+    with pytest.raises(ValueError, match="channels_last must be True or False, got 'yes'"):
+        train_callbacks('none', 0, 'yes')
+    x = torch.randn(4, 3, 8, 8)
+    assert to_channels_last(x).is_contiguous(memory_format=torch.channels_last)
+    assert not x.is_contiguous(memory_format=torch.channels_last)
+    ft.test_eq(to_channels_last(x), x)
+    flat = torch.randn(4, 10)
+    assert to_channels_last(flat) is flat  # not a batch of images: as it is
+
+
+class Formats(Callback):
+    "The memory format of each batch the model gets, and of its 4-d weights, at each batch."
+
+    _order = 20
+
+    def __init__(self):
+        self.batches, self.weights = [], []
+
+    def begin_batch(self):
+        last = torch.channels_last
+        self.batches.append(self.xb.is_contiguous(memory_format=last))
+        # a 1x1 kernel's weight, or one of one input channel, is in both formats at once
+        weights = [p for p in self.model.parameters() if p.dim() == 4 and p[0].numel() > p.shape[1]]
+        self.weights.append(all(p.is_contiguous(memory_format=last) for p in weights))
+
+
+def test_channels_last_converts_the_model_and_every_batch():
+    "Three channels (with one, a batch is in both formats at once): converted, trained alike."
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 3, 12, 12, generator=g), torch.randint(0, 5, (64,), generator=g)
+    runs = []
+    for channels_last in (False, True):
+        torch.manual_seed(0)
+        data = DataBunch(*get_dls(Dataset(x, y), Dataset(x[:32], y[:32]), 16), c=5)
+        model = resnet_for(data)
+        params = list(model.parameters())
+        formats = Formats()
+        # flip keeps the batch's format (random_crop's gather gives channels_last already)
+        cbs = [*train_callbacks('flip', 0, channels_last), formats]
+        # SGD: Adam's steps would magnify rounding where a gradient is near 0
+        learn = Learner(data, model, lr=0.1, opt_func=SGD, metrics=[], cbs=cbs)
+        learn.display = 'off'
+        learn.fit(1)
+        ft.test_eq(set(formats.batches) | set(formats.weights), {channels_last})
+        ft.test_eq(len(formats.batches), 4 + 1)  # the validation batch too
+        # converted in place: the optimizer's parameters are the model's
+        assert all(p is q for p, q in zip(model.parameters(), params))
+        runs.append(model.state_dict())
+    for k, v in runs[0].items():  # the same training, to float rounding
+        ft.test_close(runs[1][k].float(), v.float(), eps=1e-4)
 
 
 def test_resnet_for_the_data():
@@ -190,13 +248,14 @@ def test_threads_default_to_the_recipes(monkeypatch):
         torch.set_num_threads(before)
 
 
-def test_a_resnet_run_with_augmentation_resumes_exactly(tmp_path, capsys):
+@pytest.mark.parametrize('channels_last', [False, True])
+def test_a_resnet_run_with_augmentation_resumes_exactly(tmp_path, capsys, channels_last):
     """A ResNet run (narrow, for speed: the recipe with 2 epochs) with crop, flip, mixup and label
     smoothing, stopped after epoch 0 and resumed: the weights of the run trained straight, bit for
-    bit, and the options of its config.json honoured."""
+    bit, and the options of its config.json honoured; in both memory formats."""
     data = small_folder(tmp_path / 'data')
     opts = dict(arch='resnet', data=str(data), epochs=2, bs=64, aug='crop,flip', mixup=0.4)
-    opts |= dict(label_smoothing=0.1, threads=1, tta=True)
+    opts |= dict(label_smoothing=0.1, threads=1, tta=True, channels_last=channels_last)
     straight = Trainer(**opts, out=tmp_path / 'straight')
     straight.fit()
     assert straight.tta is not None and 0 <= straight.tta <= 1
@@ -216,8 +275,12 @@ def test_a_resnet_run_with_augmentation_resumes_exactly(tmp_path, capsys):
             'bs': 64,
         },
     )
+    ft.test_eq(config['channels_last'], channels_last)
     with pytest.raises(ValueError, match=r"--aug none \(the run's: --aug crop,flip\)"):
         Trainer(resume=stopped.kept, aug='none')
+    flags = ['--no-channels-last', '--channels-last'][:: -1 if channels_last else 1]
+    with pytest.raises(ValueError, match=rf"{flags[1]} \(the run's: {flags[0]}\)"):
+        Trainer(resume=stopped.kept, channels_last=not channels_last)
     # the thread count and test-time augmentation are not the run's: a resume may change them
     other = Trainer(resume=stopped.kept, threads=2, tta=False)
     ft.test_eq((other.cfg.threads, other.cfg.tta, other.cfg.aug), (2, False, 'crop,flip'))
