@@ -58,16 +58,20 @@ for p in "${pids[@]}"; do wait "$p" || status=1; done
 for f in "${logs[@]}"; do echo "== $f"; tail -n 25 "$out/$f.txt"; done
 
 # last, alone on the GPU so that its times mean something: lesson 13's ResNet with the trainer's recipe, 5 epochs on
-# Fashion-MNIST, in fp32, with our mixed precision (fp16, dynamic loss scaling), in bf16, and with torch.amp (autocast
-# to fp16 and a GradScaler, bench/amp_resnet.py): time and test accuracy.
+# Fashion-MNIST, in fp32, with our mixed precision (fp16, dynamic loss scaling), the same in channels_last (which
+# tensor cores prefer), in bf16, and with torch.amp (autocast to fp16 and a GradScaler, bench/amp_resnet.py): time
+# and test accuracy.
 # The machine may have no network: $FASHION names a folder holding Fashion-MNIST's four IDX files (else the
 # trainer downloads them).
 resnet_checks() {
-  local s=0 data=${FASHION:-fashion} fp16
-  for fp16 in off on bf16; do
-    echo "# python -m exp.train --data $data --arch resnet --epochs 5 --fp16 $fp16"
-    { time python3 -m exp.train --data "$data" --arch resnet --epochs 5 --fp16 "$fp16" \
-      --out "$out/resnet-$fp16" | tail -n 2; } || s=1
+  local s=0 data=${FASHION:-fashion}
+  local i=0 options
+  for options in "--fp16 off" "--fp16 on" "--fp16 on --channels-last" "--fp16 bf16"; do
+    echo "# python -m exp.train --data $data --arch resnet --epochs 5 $options"
+    i=$((i + 1))
+    # shellcheck disable=SC2086  # the options split into words
+    { time python3 -m exp.train --data "$data" --arch resnet --epochs 5 $options \
+      --out "$out/resnet-$i" | tail -n 2; } || s=1
   done
   echo "# python bench/amp_resnet.py --data $data --arch resnet --epochs 5"
   { time python3 bench/amp_resnet.py --data "$data" --arch resnet --epochs 5 | tail -n 2; } || s=1
