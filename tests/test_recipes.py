@@ -146,8 +146,10 @@ def test_channels_last_converts_the_model_and_every_batch():
         learn.fit(1)
         ft.test_eq(set(formats.batches) | set(formats.weights), {channels_last})
         ft.test_eq(len(formats.batches), 4 + 1)  # the validation batch too
-        # converted in place: the optimizer's parameters are the model's
+        # converted in place: the optimizer's parameters are still the model's
+        stepped = [p for group in learn.opt.param_groups for p in group['params']]
         assert all(p is q for p, q in zip(model.parameters(), params))
+        assert len(stepped) == len(params) and all(p is q for p, q in zip(stepped, params))
         runs.append(model.state_dict())
     for k, v in runs[0].items():  # the same training, to float rounding
         ft.test_close(runs[1][k].float(), v.float(), eps=1e-4)
