@@ -53,6 +53,7 @@ from exp.cnn import BatchTransformXCallback
 from exp.loss import accuracy
 from exp.minibatch import DataLoader, Dataset, Sampler
 from exp.optimizers import AdamW
+from exp.recipes import to_channels_last
 from exp.resnet import resnet
 
 LR, WD = 1e-2, 1e-2
@@ -114,7 +115,7 @@ class Bench:
     def ours(self, channels_last: bool = False, model=None):
         """`learn.fit(1)` as a user writes it: the model and the table's four averages (on
         `model` where given, else on a fresh one)."""
-        cbs = [BatchTransformXCallback(_channels_last)] if channels_last else []
+        cbs = [BatchTransformXCallback(to_channels_last)] if channels_last else []
         learn = Learner(
             DataBunch(*self.loaders(), c=10),
             self.model(channels_last) if model is None else model,
@@ -140,7 +141,7 @@ class Bench:
         model.train()
         for xb, yb in train_dl:
             if channels_last:
-                xb = _channels_last(xb)
+                xb = to_channels_last(xb)
             pred = model(xb)
             loss = F.cross_entropy(pred, yb)
             sums[0].add_(loss.detach(), alpha=len(xb))
@@ -152,7 +153,7 @@ class Bench:
         with torch.no_grad():
             for xb, yb in valid_dl:
                 if channels_last:
-                    xb = _channels_last(xb)
+                    xb = to_channels_last(xb)
                 pred = model(xb)
                 sums[2].add_(F.cross_entropy(pred, yb), alpha=len(xb))
                 sums[3].add_((pred.argmax(1) == yb).sum())
@@ -190,10 +191,6 @@ def fastai_contender(bench: Bench):
     except Exception as e:
         return f'not run: {type(e).__name__}: {e}'
     return run
-
-
-def _channels_last(x: torch.Tensor) -> torch.Tensor:
-    return x.contiguous(memory_format=torch.channels_last)
 
 
 def check_same(a, b, what: str) -> None:

@@ -63,12 +63,14 @@ NOT_MEASURED = {
     ('13_resnet', '0.01'): "the one-cycle schedule's peak lr, a setting",
     ('13_resnet', '0.928'): "course22p2's published result (its ResNet, 5 epochs, on a GPU)",
 }
+# bench/lesson_seeds.py's output: the seed sweeps lessons 03 and 03b quote
+SEEDS = 'bench/results/lesson-seeds-cpu-2026-12-07.txt'
 # (notebook, markdown cell id): the benchmark output its figures come from
 FROM_FILE = {
-    ('03_minibatch_training', '72f8508d'): 'bench/results/lesson-seeds-cpu-2026-12-07.txt',
-    ('03_minibatch_training', 'de6cf2f7'): 'bench/results/lesson-seeds-cpu-2026-12-07.txt',
-    ('03b_optimizers', 'ed4031c0'): 'bench/results/lesson-seeds-cpu-2026-12-07.txt',
-    ('03b_optimizers', '313037ae'): 'bench/results/lesson-seeds-cpu-2026-12-07.txt',
+    ('03_minibatch_training', '72f8508d'): SEEDS,
+    ('03_minibatch_training', 'de6cf2f7'): SEEDS,
+    ('03b_optimizers', 'ed4031c0'): SEEDS,
+    ('03b_optimizers', '313037ae'): SEEDS,
     ('09_fp16', '29d8a2a2'): 'bench/results/gpu-h200-2026-12-04.txt',
     # bench/seed_example.py's figures, in the table of its section
     ('10_learner', 'b3ddef65'): 'bench/README.md',
